@@ -1,0 +1,3 @@
+from .safe_checkpoint_hook import SafeCheckpointHook
+
+__all__ = ['SafeCheckpointHook']

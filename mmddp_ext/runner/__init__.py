@@ -1,0 +1,3 @@
+from .ext_runner import ExtRunner
+
+__all__ = ['ExtRunner']

@@ -1,0 +1,269 @@
+"""Run code on N real gloo ranks with a hard timeout and every rank's log.
+
+Two entry points:
+
+- :func:`run_on_ranks` runs a picklable function in N spawned processes
+  that share a freshly initialised gloo process group.
+- :func:`run_command` runs a launcher command (``tools/dist_train.sh``)
+  in its own process group and kills the whole group on timeout.
+
+Both raise :class:`MultiRankError` with every rank's output attached when a
+rank fails or the deadline passes, so a hang fails in about a minute and
+shows what each rank was doing.
+"""
+import glob
+import os
+import os.path as osp
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch.multiprocessing as mp
+
+LOG_TAIL_CHARS = 6000
+
+
+class MultiRankError(RuntimeError):
+    """A multi-rank run failed or timed out; the message holds the logs."""
+
+
+def free_port() -> int:
+    """A TCP port on localhost that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def _children(pid: int) -> List[int]:
+    """Direct children of ``pid`` (Linux /proc)."""
+    try:
+        with open(f'/proc/{pid}/task/{pid}/children') as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def kill_process_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants.
+
+    torchrun starts its workers in sessions of their own, so killing the
+    launcher's process group would leave the ranks running.
+    """
+    tree, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        tree.append(current)
+        frontier.extend(_children(current))
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGSTOP)  # freeze: no new children
+        except ProcessLookupError:
+            pass
+    for member in tree + [c for m in tree for c in _children(m)]:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
+    return text if len(text) <= limit else '...' + text[-limit:]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors='replace') as f:
+            return f.read()
+    except OSError:
+        return '<no log>'
+
+
+def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
+               log_dir: str, args: Sequence, kwargs: Dict,
+               env: Dict[str, str], init_group: bool) -> None:
+    log = open(osp.join(log_dir, f'rank{rank}.log'), 'w', buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    os.environ.update(env)
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR='127.0.0.1',
+        MASTER_PORT=str(port))
+    result_path = osp.join(log_dir, f'rank{rank}.result')
+    try:
+        if init_group:
+            import torch.distributed as dist
+            dist.init_process_group(
+                'gloo', rank=rank, world_size=world_size)
+        outcome = ('ok', fn(*args, **kwargs))
+    except BaseException as error:  # report everything to the parent
+        traceback.print_exc()
+        outcome = ('error', f'{type(error).__name__}: {error}')
+    with open(result_path + '.tmp', 'wb') as f:
+        pickle.dump(outcome, f)
+    os.replace(result_path + '.tmp', result_path)
+    # Skip the process-group teardown: a peer that failed could make
+    # destroy_process_group block, and the parent already has the result.
+    log.flush()
+    os._exit(0)
+
+
+def run_on_ranks(fn: Callable,
+                 world_size: int = 2,
+                 args: Sequence = (),
+                 kwargs: Optional[Dict] = None,
+                 timeout: float = 90,
+                 env: Optional[Dict[str, str]] = None,
+                 log_dir: Optional[str] = None,
+                 init_group: bool = True) -> List[Any]:
+    """Call ``fn(*args, **kwargs)`` on ``world_size`` gloo ranks.
+
+    Each rank is a spawned process with ``RANK``/``WORLD_SIZE``/
+    ``LOCAL_RANK``/``MASTER_*`` set as torchrun would and the default
+    process group already initialised. ``fn`` and its arguments must be
+    picklable (a module-level function).
+
+    Args:
+        fn (callable): Function to run on every rank.
+        world_size (int): Number of ranks. Defaults to 2.
+        args (Sequence): Positional arguments for ``fn``. Defaults to ().
+        kwargs (dict, optional): Keyword arguments for ``fn``.
+            Defaults to None.
+        timeout (float): Seconds until all ranks are killed. Defaults to 90.
+        env (dict, optional): Extra environment variables for the ranks.
+            Defaults to None.
+        log_dir (str, optional): Where ``rank{i}.log`` files go. Defaults to
+            a new temporary directory.
+        init_group (bool): Initialise the default gloo process group before
+            calling ``fn``. Set False to test code that initialises it.
+            Defaults to True.
+
+    Returns:
+        list: ``fn``'s return value on each rank, in rank order.
+
+    Raises:
+        MultiRankError: A rank raised, died or did not finish in time.
+    """
+    log_dir = log_dir or tempfile.mkdtemp(prefix='mmddp_ranks_')
+    ctx = mp.get_context('spawn')
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(fn, rank, world_size, port, log_dir, args, kwargs or {},
+                  env or {}, init_group),
+            daemon=True) for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout
+    results_paths = [
+        osp.join(log_dir, f'rank{r}.result') for r in range(world_size)
+    ]
+    while time.monotonic() < deadline:
+        if all(osp.exists(p) for p in results_paths):
+            break
+        if any(p.exitcode not in (None, 0) for p in procs):
+            time.sleep(1)  # let its peers write their results
+            break
+        time.sleep(0.2)
+    timed_out = not all(osp.exists(p) for p in results_paths)
+    for proc in procs:
+        proc.join(timeout=0 if timed_out else 10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+    outcomes = []
+    for rank, path in enumerate(results_paths):
+        if osp.exists(path):
+            with open(path, 'rb') as f:
+                outcomes.append(pickle.load(f))
+        else:
+            outcomes.append(
+                ('error', f'no result (exit code {procs[rank].exitcode})'))
+    failed = [r for r, (status, _) in enumerate(outcomes) if status != 'ok']
+    if timed_out or failed:
+        reason = (f'timed out after {timeout:.0f}s'
+                  if timed_out else f'rank(s) {failed} failed')
+        raise MultiRankError(
+            _format_failure(f'{world_size}-rank run of {fn.__name__} '
+                            f'{reason}', outcomes, log_dir))
+    return [value for _, value in outcomes]
+
+
+def _format_failure(headline: str, outcomes, log_dir: str) -> str:
+    parts = [headline]
+    for rank, (status, value) in enumerate(outcomes):
+        detail = value if status != 'ok' else 'ok'
+        parts.append(f'\n===== rank {rank}: {detail}\n' + _tail(
+            _read(osp.join(log_dir, f'rank{rank}.log'))))
+    return '\n'.join(parts)
+
+
+def run_command(cmd: Sequence[str],
+                timeout: float = 120,
+                env: Optional[Dict[str, str]] = None,
+                cwd: Optional[str] = None,
+                log_globs: Sequence[str] = (),
+                check: bool = True) -> subprocess.CompletedProcess:
+    """Run a launcher command with a hard timeout on its process group.
+
+    Args:
+        cmd (Sequence[str]): The command, e.g. ``['bash',
+            'tools/dist_train.sh', cfg, '2']``.
+        timeout (float): Seconds until the whole process group is killed.
+            Defaults to 120.
+        env (dict, optional): Environment variables added to the current
+            ones. Defaults to None.
+        cwd (str, optional): Working directory. Defaults to None.
+        log_globs (Sequence[str]): Extra log files (e.g. every rank's MMEngine
+            log in the work dir) to show on failure. Defaults to ().
+        check (bool): Raise on a non-zero exit code. Defaults to True.
+
+    Returns:
+        subprocess.CompletedProcess: With ``stdout`` holding stdout and
+        stderr together.
+
+    Raises:
+        MultiRankError: Timeout, or a non-zero exit with ``check=True``.
+    """
+    full_env = dict(os.environ, **(env or {}))
+    proc = subprocess.Popen(
+        list(cmd),
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        kill_process_tree(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        timed_out = True
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+    if timed_out or (check and proc.returncode != 0):
+        reason = (f'timed out after {timeout:.0f}s'
+                  if timed_out else f'exited with {proc.returncode}')
+        logs = [
+            f'\n===== {path}\n' + _tail(_read(path))
+            for pattern in log_globs for path in sorted(glob.glob(pattern))
+        ]
+        raise MultiRankError(f"`{' '.join(cmd)}` {reason}\n===== output\n" +
+                             _tail(out or '', 3 * LOG_TAIL_CHARS) +
+                             ''.join(logs))
+    return result

@@ -1,0 +1,150 @@
+"""Device and launcher logic for mmddp_ext, kept in one place.
+
+Stock MMEngine assumes one CUDA device per rank: ``init_dist('pytorch')``
+calls ``torch.cuda.set_device`` and ``Runner.wrap_model`` passes
+``device_ids=[LOCAL_RANK]``. Both fail on a CPU-only torch. Everything in
+mmddp_ext that needs to know which backend or device a rank uses asks the
+functions here instead of branching on ``torch.cuda.is_available()``.
+"""
+import datetime
+import os
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as torch_dist
+from mmengine.logging import print_log
+
+SUPPORTED_LAUNCHERS = ('pytorch', 'slurm', 'mpi')
+TORCHRUN_ENV_KEYS = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
+
+
+def visible_gpu_count() -> int:
+    """Number of CUDA devices this process can use (0 on CPU-only torch)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def local_world_size() -> int:
+    """Number of ranks started on this machine by the launcher."""
+    return int(
+        os.environ.get('LOCAL_WORLD_SIZE', os.environ.get('WORLD_SIZE', 1)))
+
+
+def local_rank() -> int:
+    """Rank of this process on its machine (0 outside a launcher)."""
+    return int(os.environ.get('LOCAL_RANK', 0))
+
+
+def choose_backend(requested: Optional[str] = None) -> Tuple[str, str]:
+    """Pick the process-group backend for this machine.
+
+    NCCL needs one CUDA device per local rank. When CUDA is unavailable, or
+    there are fewer GPUs than local ranks, gloo is used instead.
+
+    Args:
+        requested (str, optional): Backend from ``env_cfg.dist_cfg.backend``.
+            ``None`` or ``'nccl'`` mean "the best one available"; any other
+            name (``'gloo'``, ``'mpi'``) is used as given. Defaults to None.
+
+    Returns:
+        tuple[str, str]: The backend and a short reason for the choice.
+    """
+    gpus, ranks = visible_gpu_count(), local_world_size()
+    if requested not in (None, 'nccl'):
+        return requested, f'backend {requested!r} requested in dist_cfg'
+    if gpus == 0:
+        return 'gloo', 'CUDA is not available'
+    if gpus < ranks:
+        return 'gloo', f'{gpus} GPU(s) for {ranks} local ranks'
+    return 'nccl', f'{gpus} GPU(s) for {ranks} local ranks'
+
+
+def rank_device() -> torch.device:
+    """The device this rank computes on.
+
+    With GPUs, local rank ``r`` uses ``cuda:(r % num_gpus)``, so several
+    ranks may share a GPU when there are fewer GPUs than ranks (gloo only).
+    """
+    gpus = visible_gpu_count()
+    if gpus == 0:
+        return torch.device('cpu')
+    return torch.device('cuda', local_rank() % gpus)
+
+
+def ddp_device_ids(module: torch.nn.Module) -> Optional[List[int]]:
+    """``device_ids`` for ``DistributedDataParallel`` wrapping ``module``.
+
+    DDP accepts ``device_ids`` only for a module that lives on one CUDA
+    device; for a CPU module it must be ``None``.
+    """
+    param = next(iter(module.parameters()), None)
+    if param is None or param.device.type != 'cuda':
+        return None
+    return [param.device.index]
+
+
+def _check_torchrun_env(launcher: str) -> None:
+    missing = [key for key in TORCHRUN_ENV_KEYS if key not in os.environ]
+    if missing:
+        raise ValueError(
+            f"launcher={launcher!r} expects the environment that torchrun "
+            f"sets, but {', '.join(missing)} is not set. Start training "
+            'with `tools/dist_train.sh CONFIG NPROC` (or `torchrun '
+            '--nproc_per_node NPROC tools/train.py CONFIG --launcher '
+            "pytorch`), or use launcher='none' for a single process.")
+
+
+def init_distributed(launcher: str,
+                     backend: Optional[str] = None,
+                     timeout: Optional[float] = None,
+                     **kwargs) -> str:
+    """Initialise the default process group on CPU or GPU.
+
+    Replaces ``mmengine.dist.init_dist`` for ``launcher='pytorch'``: it
+    differs in choosing gloo when NCCL cannot run (see
+    :func:`choose_backend`) and in setting a CUDA device only when one
+    exists. Other launchers are delegated to MMEngine, which needs CUDA.
+
+    Args:
+        launcher (str): ``'pytorch'``, ``'slurm'`` or ``'mpi'``.
+        backend (str, optional): Requested backend; see
+            :func:`choose_backend`. Defaults to None.
+        timeout (float, optional): Collective timeout in seconds.
+            Defaults to None (torch's default).
+        **kwargs: Passed to ``torch.distributed.init_process_group``
+            unchanged.
+
+    Returns:
+        str: The backend in use.
+    """
+    if launcher not in SUPPORTED_LAUNCHERS:
+        raise ValueError(
+            f'launcher must be one of {SUPPORTED_LAUNCHERS} for distributed '
+            f"training, but got {launcher!r}. Use launcher='none' for a "
+            'single process.')
+    if timeout is not None:
+        kwargs['timeout'] = datetime.timedelta(seconds=timeout)
+    if launcher != 'pytorch':
+        if visible_gpu_count() == 0:
+            raise ValueError(
+                f'launcher={launcher!r} needs CUDA in MMEngine, and none is '
+                "available. On CPU use launcher='pytorch' through "
+                '`tools/dist_train.sh CONFIG NPROC`.')
+        from mmengine.dist import init_dist
+        init_dist(launcher, backend=backend or 'nccl', **kwargs)
+        return torch_dist.get_backend()
+
+    _check_torchrun_env(launcher)
+    chosen, reason = choose_backend(backend)
+    device = rank_device()
+    if device.type == 'cuda':
+        torch.cuda.set_device(device)
+    torch_dist.init_process_group(
+        backend=chosen,
+        rank=int(os.environ['RANK']),
+        world_size=int(os.environ['WORLD_SIZE']),
+        **kwargs)
+    print_log(
+        f'mmddp_ext: {chosen} process group, rank {torch_dist.get_rank()}/'
+        f'{torch_dist.get_world_size()} on {device} ({reason})',
+        logger='current')
+    return chosen

@@ -1,0 +1,3 @@
+from .auto_ddp import AutoDDP, UnexpectedUnusedParameterError
+
+__all__ = ['AutoDDP', 'UnexpectedUnusedParameterError']

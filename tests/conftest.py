@@ -1,0 +1,28 @@
+import os
+import os.path as osp
+import sys
+
+import pytest
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+# Ranks share 2 cores; one compute thread each keeps runs predictable.
+os.environ.setdefault('OMP_NUM_THREADS', '1')
+
+
+@pytest.fixture(scope='session')
+def repo_root():
+    return REPO_ROOT
+
+
+@pytest.fixture(scope='session')
+def synthetic_root(tmp_path_factory):
+    """A ~50%-empty synthetic train/val dataset shared by the session."""
+    from mmddp_ext.testing import make_synthetic_coco
+    root = str(tmp_path_factory.mktemp('synthetic'))
+    make_synthetic_coco(osp.join(root, 'train'), num_images=24, empty=0.5)
+    make_synthetic_coco(
+        osp.join(root, 'val'), num_images=8, empty=0.25, seed=1)
+    return root

@@ -1,0 +1,96 @@
+"""Shared bits for tests that launch real training runs."""
+import glob
+import os.path as osp
+import re
+import sys
+from typing import Dict, List, Optional
+
+from mmddp_ext.testing import free_port, run_command
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TINY_CONFIG = osp.join(REPO_ROOT, 'configs', 'dino_tiny.py')
+
+
+def data_overrides(root: str) -> Dict[str, str]:
+    """Point the tiny config's train/val/test data at ``root``."""
+    return {
+        'train_dataloader.dataset.data_root': f'{root}/',
+        'val_dataloader.dataset.data_root': f'{root}/',
+        'test_dataloader.dataset.data_root': f'{root}/',
+        'val_evaluator.ann_file': f'{root}/val/annotations.json',
+        'test_evaluator.ann_file': f'{root}/val/annotations.json',
+    }
+
+
+def tiny_overrides(iters: int, val: bool = False, ckpt_every: int = 0,
+                   seed: int = 0) -> Dict:
+    """Few iterations, no evaluation unless asked."""
+    return {
+        'train_cfg.max_iters': iters,
+        'train_cfg.val_interval': iters if val else iters + 1,
+        'default_hooks.checkpoint.interval': ckpt_every or iters,
+        'default_hooks.checkpoint.max_keep_ckpts': -1,
+        'param_scheduler.1.end': iters,
+        'randomness.seed': seed,
+    }
+
+
+def as_cli(overrides: Dict) -> List[str]:
+    return [f'{k}={v}' for k, v in overrides.items()]
+
+
+def data_options(root: str) -> List[str]:
+    return as_cli(data_overrides(root))
+
+
+def tiny_options(iters: int, **kwargs) -> List[str]:
+    return as_cli(tiny_overrides(iters, **kwargs))
+
+
+def dist_train(config: str, nproc: int, work_dir: str, options: List[str],
+               extra_args=(), timeout: float = 150, env=None, check=True):
+    """tools/dist_train.sh with a free port and a hard timeout."""
+    cmd = ['bash', osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), config,
+           str(nproc), '--work-dir', work_dir, *extra_args]
+    if options:
+        cmd += ['--cfg-options', *options]
+    run_env = {'PORT': str(free_port()), 'PYTHON': sys.executable}
+    run_env.update(env or {})
+    return run_command(
+        cmd, timeout=timeout, env=run_env, cwd=REPO_ROOT,
+        log_globs=[osp.join(work_dir, '*', '*.log')], check=check)
+
+
+def logged_iters(output: str) -> List[int]:
+    """Iteration numbers of the per-iteration loss lines in MMEngine's log."""
+    return [int(m) for m in re.findall(r'Iter\(train\) \[\s*(\d+)/\d+\].*'
+                                       r'loss: ', output)]
+
+
+def checkpoints(work_dir: str) -> List[str]:
+    return sorted(glob.glob(osp.join(work_dir, 'iter_*.pth')),
+                  key=lambda p: int(re.search(r'iter_(\d+)', p).group(1)))
+
+
+def rank0_log(work_dir: str) -> str:
+    """Text of MMEngine's rank-0 log file in ``work_dir``."""
+    logs = sorted(glob.glob(osp.join(work_dir, '*', '*.log')))
+    logs = [p for p in logs if '_rank' not in osp.basename(p)] or logs
+    with open(logs[-1]) as f:
+        return f.read()
+
+
+def build_runner(work_dir: str, data_root: str, iters: int,
+                 overrides: Optional[Dict] = None, launcher='pytorch'):
+    """The tiny DINO Runner, built in this process (call it on each rank of
+    :func:`mmddp_ext.testing.run_on_ranks`)."""
+    import mmddp_ext  # noqa: F401
+    from mmengine.config import Config
+    from mmengine.registry import RUNNERS
+    cfg = Config.fromfile(TINY_CONFIG)
+    cfg.merge_from_dict(data_overrides(data_root))
+    cfg.merge_from_dict(tiny_overrides(iters))
+    cfg.merge_from_dict(overrides or {})
+    cfg.work_dir = work_dir
+    cfg.launcher = launcher
+    return RUNNERS.build(cfg)

@@ -1,0 +1,142 @@
+"""Train a detector with MMDetection + mmddp_ext.
+
+Accepts the same arguments as MMDetection's ``tools/train.py``. Differences:
+it imports mmddp_ext (registering its components), uses
+:class:`mmddp_ext.ExtRunner` unless the config names another
+``runner_type`` (CPU/gloo launch, weights-only checkpoints), checks the
+config's COCO annotation files before building anything, and accepts
+``--trust-checkpoint`` for loading a legacy checkpoint.
+
+Single process:  python tools/train.py CONFIG
+Several ranks:   bash tools/dist_train.sh CONFIG NPROC
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    # projects/ imports (custom_imports=['projects.CO-DETR...']) need it.
+    sys.path.insert(0, REPO_ROOT)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description='Train a detector')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument(
+        '--amp',
+        action='store_true',
+        default=False,
+        help='enable automatic-mixed-precision training (CUDA only)')
+    parser.add_argument(
+        '--auto-scale-lr',
+        action='store_true',
+        help='enable automatically scaling LR.')
+    parser.add_argument(
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
+        help='If specify checkpoint path, resume from it, while if not '
+        'specify, try to auto resume from the latest checkpoint '
+        'in the work directory.')
+    parser.add_argument(
+        '--trust-checkpoint',
+        action='append',
+        default=[],
+        metavar='PATH',
+        help='allow this checkpoint to load with weights_only=False when '
+        'the safe load refuses it (a legacy file you trust); repeatable')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=_DictAction,
+        help='override some settings in the used config, the key-value pair '
+        'in xxx=yyy format will be merged into config file.')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    # torch.distributed.launch passes --local-rank (torch>=2.0) or
+    # --local_rank; torchrun sets LOCAL_RANK instead.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+class _DictAction(argparse.Action):
+    """Defer to MMEngine's DictAction, imported lazily so that ``--help``
+    and argument errors do not wait for torch to import."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from mmengine.config import DictAction
+        DictAction(self.option_strings, self.dest)(parser, namespace, values,
+                                                   option_string)
+
+
+def build_cfg(args):
+    from mmengine.config import Config
+    if not osp.isfile(args.config):
+        raise SystemExit(f'train.py: config file {args.config!r} does not '
+                         'exist (paths are relative to the current '
+                         'directory).')
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+
+    if args.amp:
+        if cfg.optim_wrapper.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
+            print('train.py: AMP is already enabled in the config.')
+        else:
+            cfg.optim_wrapper.type = 'AmpOptimWrapper'
+            cfg.optim_wrapper.loss_scale = 'dynamic'
+
+    if args.auto_scale_lr:
+        if ('auto_scale_lr' in cfg and 'enable' in cfg.auto_scale_lr
+                and 'base_batch_size' in cfg.auto_scale_lr):
+            cfg.auto_scale_lr.enable = True
+        else:
+            raise ValueError('--auto-scale-lr needs auto_scale_lr with '
+                             '"enable" and "base_batch_size" in the config.')
+
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    if args.trust_checkpoint:
+        cfg.trusted_checkpoints = list(cfg.get('trusted_checkpoints',
+                                               [])) + args.trust_checkpoint
+    cfg.setdefault('runner_type', 'ExtRunner')
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import mmddp_ext  # noqa: F401  (registers runner, hooks, wrappers)
+    from mmddp_ext.utils import check_config_annotations
+    from mmdet.utils import setup_cache_size_limit_of_dynamo
+    from mmengine.registry import RUNNERS
+
+    setup_cache_size_limit_of_dynamo()
+    cfg = build_cfg(args)
+    check_config_annotations(cfg)
+    runner = RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
