@@ -26,6 +26,7 @@ def _warn_on_untested_versions() -> None:
 
 _warn_on_untested_versions()
 
+from . import datasets, hooks, models, runner, utils, wrappers  # noqa: E402
 from .datasets import *  # noqa: F401,F403,E402
 from .hooks import *  # noqa: F401,F403,E402
 from .models import *  # noqa: F401,F403,E402
@@ -33,4 +34,7 @@ from .runner import *  # noqa: F401,F403,E402
 from .utils import *  # noqa: F401,F403,E402
 from .wrappers import *  # noqa: F401,F403,E402
 
-__all__ = ['__version__', 'ExtRunner', 'SafeCheckpointHook', 'AutoDDP']
+__all__ = ['__version__'] + [
+    name for package in (datasets, hooks, models, runner, utils, wrappers)
+    for name in package.__all__
+]

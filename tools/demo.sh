@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 NPROC="${1:-2}"
-CONFIG="${2:-configs/dino_tiny.py}"
+CONFIG="${2:-configs/dino_tiny_ddp_safe.py}"
 WORK_DIR="work_dirs/demo"
 PY="${PYTHON:-python3}"
 

@@ -25,9 +25,20 @@ def main(work_dir: str) -> None:
     print('=' * 60)
     print(f'run: {work_dir}')
     if train:
-        first, last = train[0], train[-1]
-        print(f"iterations: {last.get('iter')}   loss: {first['loss']:.3f} "
-              f"(iter {first.get('iter')}) -> {last['loss']:.3f}")
+        window = max(1, min(10, len(train) // 2))
+        start = sum(r['loss'] for r in train[:window]) / window
+        end = sum(r['loss'] for r in train[-window:]) / window
+        print(f"iterations: {train[-1].get('iter')}   loss (mean of first/"
+              f'last {window}): {start:.3f} -> {end:.3f}')
+    empty = [r for r in train if 'empty_gt/empty_ratio' in r]
+    if empty:
+        last = empty[-1]
+        per_rank = ', '.join(
+            f"rank {key.split('/rank')[1].split('_')[0]}: {int(value)}"
+            for key, value in sorted(last.items())
+            if key.endswith('_all_empty_batches'))
+        print(f"empty-GT samples: {last['empty_gt/empty_ratio']:.0%}   "
+              f'all-empty batches: {per_rank}')
     if metrics:
         m = metrics[-1]
         print(f"COCO bbox mAP: {m['coco/bbox_mAP']:.3f}   "

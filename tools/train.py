@@ -128,14 +128,22 @@ def main(argv=None):
     args = parse_args(argv)
     import mmddp_ext  # noqa: F401  (registers runner, hooks, wrappers)
     from mmddp_ext.utils import check_config_annotations
+    from mmddp_ext.utils.dist_env import check_launch_environment
     from mmdet.utils import setup_cache_size_limit_of_dynamo
     from mmengine.registry import RUNNERS
 
     setup_cache_size_limit_of_dynamo()
     cfg = build_cfg(args)
+    check_launch_environment(args.launcher)
     check_config_annotations(cfg)
     runner = RUNNERS.build(cfg)
     runner.train()
+    # Tear the process group down in step: a rank that exits while a peer
+    # still holds its connections can make the peer abort at exit.
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == '__main__':

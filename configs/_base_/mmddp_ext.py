@@ -1,12 +1,45 @@
 # The one-line opt-in: add this file to `_base_` of an existing MMDet 3.x
-# config to run it with mmddp_ext:
+# config to run it with the whole mmddp_ext stack:
 #
-#     _base_ = ['./my_dino_config.py', 'path/to/mmddp_ext/configs/_base_/mmddp_ext.py']
+#     _base_ = ['./my_config.py',
+#               'path/to/mmddp_ext/configs/_base_/mmddp_ext.py']
 #
+# It sets only keys that MMDet's own base files never set (MMEngine refuses
+# a key that two `_base_` files both set), and ExtRunner applies them:
 # - custom_imports registers mmddp_ext's components.
-# - runner_type='ExtRunner' makes launcher='pytorch' work on CPU (gloo) as
-#   well as GPU (nccl), and writes checkpoints that load with
-#   torch.load(weights_only=True) on torch >= 2.6.
+# - runner_type='ExtRunner': launcher='pytorch' on CPU (gloo) or GPU
+#   (nccl), a bounded collective timeout, checkpoints that load with
+#   torch.load(weights_only=True), launcher-conflict checks.
+# - mmddp_ext_cfg switches on the rest (see ExtRunner's docstring):
+#   auto_ddp            AutoDDP works out find_unused_parameters (used when
+#                       your config has no model_wrapper_cfg)
+#   checkpoint_conflict CheckpointConflictHook policy for with_cp + DDP
+#   empty_gt_guard      empty_gt_guard_collate for train_dataloader (only
+#                       when it names no collate_fn; never val/test)
+#   empty_gt_stats      EmptyGTStatsHook: per-rank empty-GT counts in logs
+#   rank_consistency    RankConsistencyHook: fail fast on diverging ranks,
+#                       coordinated skipping of non-finite steps
+# Set any of them to None/False in your config to switch it off.
 custom_imports = dict(imports=['mmddp_ext'], allow_failed_imports=False)
 runner_type = 'ExtRunner'
+mmddp_ext_cfg = dict(
+    auto_ddp=True,
+    checkpoint_conflict='non_reentrant',
+    # 'keep' trains on exactly what the sampler drew; it is right with
+    # DDP-safe heads and with mmdet's DINO. Use policy='swap' for heads
+    # that are not DDP-safe.
+    empty_gt_guard=dict(policy='keep'),
+    empty_gt_stats=True,
+    rank_consistency=dict(),
+)
 
+# DINO-family configs: DDP-safe contrastive denoising. This base file does
+# not force a model type (it also serves non-DINO configs), so add these two
+# lines to your own DINO config, after `_base_`:
+#
+#     model = dict(type='DDPSafeDINO', bbox_head=dict(type='DDPSafeDINOHead'))
+#
+# A rank whose batch has no GT then gets one zero-weighted dummy denoising
+# group instead of none: the same modules, loss keys and collectives on
+# every rank, and training is bit-identical to DINO whenever every batch
+# has GT. For a custom head, subclass DDPSafeDINOHead instead of DINOHead.

@@ -1,3 +1,10 @@
+from .checkpoint_conflict_hook import CheckpointConflictHook
+from .empty_gt_stats_hook import EmptyGTStatsHook
+from .rank_consistency_hook import RankConsistencyHook
+from .rank_status_hook import RankStatusHook
 from .safe_checkpoint_hook import SafeCheckpointHook
 
-__all__ = ['SafeCheckpointHook']
+__all__ = [
+    'CheckpointConflictHook', 'EmptyGTStatsHook', 'RankConsistencyHook',
+    'RankStatusHook', 'SafeCheckpointHook'
+]

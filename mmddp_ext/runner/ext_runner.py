@@ -1,45 +1,108 @@
 import copy
 from typing import Dict, List, Optional, Union
 
+import torch.distributed as dist
 import torch.nn as nn
 from mmengine.device import get_device
 from mmengine.dist import is_distributed
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
-from mmengine.registry import MODEL_WRAPPERS, RUNNERS
+from mmengine.registry import HOOKS, MODEL_WRAPPERS, RUNNERS
 from mmengine.runner import Runner
 from torch.nn.parallel import DistributedDataParallel
 
+from ..hooks.rank_status_hook import RankStatusHook, read_rank_status
 from ..hooks.safe_checkpoint_hook import SafeCheckpointHook
 from ..utils.checkpoint_safety import safe_checkpoint_loading
-from ..utils.dist_env import init_distributed, rank_device
+from ..utils.dist_env import (check_launch_environment, init_distributed,
+                              rank_device)
+
+# mmddp_ext_cfg keys and their values when the key is absent.
+EXT_CFG_DEFAULTS = dict(
+    auto_ddp=False,
+    checkpoint_conflict=None,
+    empty_gt_guard=None,
+    empty_gt_stats=False,
+    rank_consistency=None,
+)
+_TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
 
 
 @RUNNERS.register_module()
 class ExtRunner(Runner):
-    """MMEngine ``Runner`` that launches on CPU or GPU and resumes safely.
+    """MMEngine ``Runner`` that launches on CPU or GPU, resumes safely and
+    switches on the mmddp_ext stack.
 
     Select it with ``runner_type = 'ExtRunner'`` (``tools/train.py`` and
-    ``configs/_base_/mmddp_ext.py`` do). Compared with ``Runner`` it
-    differs in four methods, each calling ``super()`` for everything else:
+    ``configs/_base_/mmddp_ext.py`` do). It differs from ``Runner`` in
+    these methods, each calling ``super()`` for everything else:
 
-    - ``setup_env``: initialises the process group through
-      :func:`mmddp_ext.utils.dist_env.init_distributed`, which picks gloo
-      when NCCL cannot run and sets a CUDA device only when there is one.
+    - ``setup_env``: refuses doubled process management
+      (:func:`~mmddp_ext.utils.dist_env.check_launch_environment`) and
+      initialises the process group through
+      :func:`~mmddp_ext.utils.dist_env.init_distributed`: gloo when NCCL
+      cannot run, a CUDA device only when there is one, and a bounded
+      collective timeout (300 s unless ``env_cfg.dist_cfg.timeout`` says
+      otherwise).
     - ``wrap_model``: passes ``device_ids`` to a DDP wrapper only for a
-      model on a CUDA device (stock passes ``[LOCAL_RANK]`` always).
-    - ``register_hooks``: adds :class:`SafeCheckpointHook`, so checkpoints
-      hold only tensors and plain types.
+      model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
+      uses ``AutoDDP`` when no wrapper is configured and
+      ``mmddp_ext_cfg.auto_ddp`` is on.
+    - ``register_hooks``: adds :class:`SafeCheckpointHook` (checkpoints hold
+      only tensors and plain types), :class:`RankStatusHook`, and the hooks
+      that ``mmddp_ext_cfg`` switches on, unless the config lists them.
     - ``load_checkpoint``: reads local files with ``weights_only=True``.
+    - ``train``: when a collective times out, re-raises with every rank's
+      last reported iteration and phase.
 
     Config keys it reads besides ``Runner``'s:
 
     - trusted_checkpoints (list[str]): Checkpoint paths that may be loaded
       with ``weights_only=False`` if the safe load refuses them (files from
       stock MMEngine). Defaults to ``[]``.
+    - mmddp_ext_cfg (dict): Which parts of the stack to switch on; the
+      keys, all off by default (``configs/_base_/mmddp_ext.py`` turns them
+      on):
+
+      - auto_ddp (bool): ``model_wrapper_cfg`` defaults to
+        ``dict(type='AutoDDP')``; a top-level ``find_unused_parameters``
+        key is passed on to it as the user's explicit choice.
+      - checkpoint_conflict (str | None): ``CheckpointConflictHook``
+        policy (``'non_reentrant'``, ``'disable'``, ``'error'``).
+      - empty_gt_guard (dict | None): keyword arguments of
+        ``empty_gt_guard_collate``, used as ``train_dataloader.collate_fn``
+        when the train dataloader names no collate function.
+      - empty_gt_stats (bool): register ``EmptyGTStatsHook``.
+      - rank_consistency (dict | None): keyword arguments of
+        ``RankConsistencyHook``.
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        guard = self.ext_cfg['empty_gt_guard']
+        loader = self._train_dataloader
+        if (guard is not None and isinstance(loader, dict)
+                and loader.get('collate_fn') is None):
+            self._train_dataloader = dict(
+                loader,
+                collate_fn=dict(type='empty_gt_guard_collate', **guard))
+
+    @property
+    def ext_cfg(self) -> dict:
+        """``mmddp_ext_cfg`` from the config, checked, with defaults."""
+        given = self.cfg.get('mmddp_ext_cfg') or {}
+        if not isinstance(given, dict):
+            raise TypeError('mmddp_ext_cfg must be a dict, but got '
+                            f'{type(given).__name__}.')
+        unknown = sorted(set(given) - set(EXT_CFG_DEFAULTS))
+        if unknown:
+            raise ValueError(
+                f'mmddp_ext_cfg has unknown key(s) {unknown}; accepted keys '
+                f'are {sorted(EXT_CFG_DEFAULTS)}.')
+        return dict(EXT_CFG_DEFAULTS, **given)
+
     def setup_env(self, env_cfg: Dict) -> None:
+        check_launch_environment(self.launcher)
         if self.distributed and not is_distributed():
             init_distributed(self.launcher,
                              **copy.deepcopy(env_cfg.get('dist_cfg', {})))
@@ -49,13 +112,18 @@ class ExtRunner(Runner):
                    model: nn.Module) -> nn.Module:
         if not self.distributed or is_model_wrapper(model):
             return super().wrap_model(model_wrapper_cfg, model)
-        if model_wrapper_cfg is None:
+        find_unused = self.cfg.get('find_unused_parameters', None)
+        if model_wrapper_cfg is None and self.ext_cfg['auto_ddp']:
+            model_wrapper_cfg = dict(
+                type='AutoDDP',
+                broadcast_buffers=False,
+                find_unused_parameters=find_unused)
+        elif model_wrapper_cfg is None:
             # The arguments stock Runner uses when no wrapper is configured.
             model_wrapper_cfg = dict(
                 type='MMDistributedDataParallel',
                 broadcast_buffers=False,
-                find_unused_parameters=self.cfg.get('find_unused_parameters',
-                                                    False))
+                find_unused_parameters=bool(find_unused))
         model_wrapper_cfg = copy.deepcopy(dict(model_wrapper_cfg))
         model_wrapper_cfg.setdefault('type', 'MMDistributedDataParallel')
         wrapper_type = MODEL_WRAPPERS.get(model_wrapper_cfg['type'])
@@ -71,9 +139,45 @@ class ExtRunner(Runner):
             default_hooks: Optional[Dict[str, Union[Hook, Dict]]] = None,
             custom_hooks: Optional[List[Union[Hook, Dict]]] = None) -> None:
         super().register_hooks(default_hooks, custom_hooks)
-        if not any(isinstance(h, SafeCheckpointHook) for h in self._hooks):
-            self.register_hook(SafeCheckpointHook())
+        ext = self.ext_cfg
+        wanted = [(SafeCheckpointHook, {}), (RankStatusHook, {})]
+        if ext['checkpoint_conflict'] is not None:
+            wanted.append(('CheckpointConflictHook',
+                           dict(policy=ext['checkpoint_conflict'])))
+        if ext['empty_gt_stats']:
+            wanted.append(('EmptyGTStatsHook', {}))
+        if ext['rank_consistency'] is not None:
+            wanted.append(('RankConsistencyHook',
+                           dict(ext['rank_consistency'])))
+        for hook_type, kwargs in wanted:
+            cls = HOOKS.get(hook_type) if isinstance(hook_type,
+                                                     str) else hook_type
+            if cls is None:
+                raise ValueError(
+                    f'mmddp_ext_cfg switches on {hook_type}, which is not '
+                    'registered; is mmddp_ext up to date?')
+            if not any(isinstance(h, cls) for h in self._hooks):
+                self.register_hook(cls(**kwargs))
 
     def load_checkpoint(self, filename: str, *args, **kwargs):
         with safe_checkpoint_loading(self.cfg.get('trusted_checkpoints')):
             return super().load_checkpoint(filename, *args, **kwargs)
+
+    def train(self) -> nn.Module:
+        try:
+            return super().train()
+        except RuntimeError as error:
+            text = str(error).lower()
+            if not (self.distributed and dist.is_initialized() and any(
+                    word in text for word in _TIMEOUT_WORDS)):
+                raise
+            status = read_rank_status(self.world_size)
+            lines = '; '.join(f'rank {r}: {s}' for r, s in status.items())
+            raise RuntimeError(
+                f'mmddp_ext: a collective failed on rank {self.rank} '
+                f'({str(error).splitlines()[0][:200]}). Last known state of '
+                f'each rank: {lines or "unavailable"}. A rank that is behind '
+                'or stuck in another phase usually ran different code '
+                '(different loss keys, a skipped branch, an extra '
+                'collective); see that rank\'s log. The timeout is '
+                'env_cfg.dist_cfg.timeout (seconds).') from error

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch.multiprocessing as mp
 
 LOG_TAIL_CHARS = 6000
+FAILURE_GRACE_S = 10
 
 
 class MultiRankError(RuntimeError):
@@ -82,6 +83,13 @@ def _read(path: str) -> str:
             return f.read()
     except OSError:
         return '<no log>'
+
+
+def _failed(result_path: str) -> bool:
+    if not osp.exists(result_path):
+        return False
+    with open(result_path, 'rb') as f:
+        return pickle.load(f)[0] != 'ok'
 
 
 def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
@@ -162,7 +170,9 @@ def run_on_ranks(fn: Callable,
             target=_rank_main,
             args=(fn, rank, world_size, port, log_dir, args, kwargs or {},
                   env or {}, init_group),
-            daemon=True) for rank in range(world_size)
+            # Not daemonic, so ranks can start DataLoader workers; every
+            # rank is joined or killed below.
+            daemon=False) for rank in range(world_size)
     ]
     for proc in procs:
         proc.start()
@@ -173,13 +183,20 @@ def run_on_ranks(fn: Callable,
     while time.monotonic() < deadline:
         if all(osp.exists(p) for p in results_paths):
             break
-        if any(p.exitcode not in (None, 0) for p in procs):
-            time.sleep(1)  # let its peers write their results
+        if any(p.exitcode not in (None, 0) for p in procs) or any(
+                _failed(p) for p in results_paths):
+            # A rank failed: its peers get a short grace period to report
+            # (they usually fail on the broken collective), then are killed.
+            grace = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+            while time.monotonic() < grace and not all(
+                    osp.exists(p) for p in results_paths):
+                time.sleep(0.2)
             break
         time.sleep(0.2)
-    timed_out = not all(osp.exists(p) for p in results_paths)
+    incomplete = not all(osp.exists(p) for p in results_paths)
+    timed_out = incomplete and time.monotonic() >= deadline
     for proc in procs:
-        proc.join(timeout=0 if timed_out else 10)
+        proc.join(timeout=0 if incomplete else 10)
         if proc.is_alive():
             proc.kill()
             proc.join()

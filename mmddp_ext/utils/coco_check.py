@@ -69,8 +69,9 @@ def check_coco_file(path: str) -> None:
             f'annotation file {path} is not valid JSON: {error.msg} at line '
             f'{error.lineno}, column {error.colno}.') from error
     except UnicodeDecodeError as error:
-        raise ValueError(f'annotation file {path} is not UTF-8 text '
-                         f'({error}); is it really a COCO JSON file?') from error
+        raise ValueError(
+            f'annotation file {path} is not UTF-8 text ({error}); is it '
+            'really a COCO JSON file?') from error
     problems = _problems(data)
     if problems:
         raise ValueError(f'annotation file {path} is not valid COCO: ' +

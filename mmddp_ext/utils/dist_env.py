@@ -16,6 +16,9 @@ from mmengine.logging import print_log
 
 SUPPORTED_LAUNCHERS = ('pytorch', 'slurm', 'mpi')
 TORCHRUN_ENV_KEYS = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
+# A hang we did not foresee becomes an error after this many seconds
+# (torch's defaults are 10-30 minutes). env_cfg.dist_cfg.timeout overrides.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300
 
 
 def visible_gpu_count() -> int:
@@ -93,6 +96,59 @@ def _check_torchrun_env(launcher: str) -> None:
             "pytorch`), or use launcher='none' for a single process.")
 
 
+def check_launch_environment(launcher: str,
+                             argv: Optional[List[str]] = None) -> None:
+    """Refuse launch set-ups that make process management fight.
+
+    Raises ``ValueError`` with the fix when:
+
+    - the process was started by torchrun (``WORLD_SIZE`` > 1) but
+      ``launcher='none'``: every rank would train alone on all the data;
+    - a torchrun worker spawned this process with ``multiprocessing`` and
+      it now wants to join the process group itself: two layers of process
+      management (the OpenPCDet-style stall).
+
+    (``LOCAL_RANK`` without the rest of torchrun's environment is refused
+    by :func:`init_distributed`.)
+
+    Warns about the deprecated ``torch.distributed.launch`` (it passes
+    ``--local-rank`` on the command line; torchrun does not).
+
+    Args:
+        launcher (str): The configured launcher.
+        argv (list[str], optional): Command line to inspect. Defaults to
+            ``sys.argv``.
+    """
+    import multiprocessing
+    import sys
+    world_size = int(os.environ.get('WORLD_SIZE', 1))
+    if launcher == 'none' and world_size > 1:
+        raise ValueError(
+            f'This process was started by a distributed launcher '
+            f"(WORLD_SIZE={world_size}, RANK={os.environ.get('RANK')}) but "
+            "launcher='none': every rank would train alone on the whole "
+            'dataset. Pass --launcher pytorch (tools/dist_train.sh does), '
+            'or run a single process without torchrun.')
+    if (launcher != 'none' and 'TORCHELASTIC_RUN_ID' in os.environ
+            and multiprocessing.parent_process() is not None):
+        raise ValueError(
+            'Two layers of process management: this process was started '
+            'with multiprocessing (spawn/fork) by a rank that torchrun '
+            'already launched. Let torchrun start every rank '
+            '(tools/dist_train.sh CONFIG NPROC) and remove the '
+            'mp.spawn/Process call, or run that script without torchrun.')
+    argv = sys.argv if argv is None else argv
+    if any(a.startswith(('--local-rank', '--local_rank')) for a in argv):
+        # Several start-up stages call this check: warn every time rather
+        # than track state; the stages log to the same logger.
+        print_log(
+            '--local-rank on the command line means the deprecated '
+            'torch.distributed.launch started this process; use torchrun '
+            '(tools/dist_train.sh) instead.',
+            logger='current',
+            level=30)
+
+
 def init_distributed(launcher: str,
                      backend: Optional[str] = None,
                      timeout: Optional[float] = None,
@@ -109,7 +165,7 @@ def init_distributed(launcher: str,
         backend (str, optional): Requested backend; see
             :func:`choose_backend`. Defaults to None.
         timeout (float, optional): Collective timeout in seconds.
-            Defaults to None (torch's default).
+            Defaults to None, meaning ``DEFAULT_COLLECTIVE_TIMEOUT_S``.
         **kwargs: Passed to ``torch.distributed.init_process_group``
             unchanged.
 
@@ -121,8 +177,7 @@ def init_distributed(launcher: str,
             f'launcher must be one of {SUPPORTED_LAUNCHERS} for distributed '
             f"training, but got {launcher!r}. Use launcher='none' for a "
             'single process.')
-    if timeout is not None:
-        kwargs['timeout'] = datetime.timedelta(seconds=timeout)
+    timeout = DEFAULT_COLLECTIVE_TIMEOUT_S if timeout is None else timeout
     if launcher != 'pytorch':
         if visible_gpu_count() == 0:
             raise ValueError(
@@ -130,10 +185,13 @@ def init_distributed(launcher: str,
                 "available. On CPU use launcher='pytorch' through "
                 '`tools/dist_train.sh CONFIG NPROC`.')
         from mmengine.dist import init_dist
-        init_dist(launcher, backend=backend or 'nccl', **kwargs)
+        init_dist(
+            launcher, backend=backend or 'nccl', timeout=timeout, **kwargs)
         return torch_dist.get_backend()
 
+    check_launch_environment(launcher)
     _check_torchrun_env(launcher)
+    kwargs['timeout'] = datetime.timedelta(seconds=timeout)
     chosen, reason = choose_backend(backend)
     device = rank_device()
     if device.type == 'cuda':
@@ -145,6 +203,7 @@ def init_distributed(launcher: str,
         **kwargs)
     print_log(
         f'mmddp_ext: {chosen} process group, rank {torch_dist.get_rank()}/'
-        f'{torch_dist.get_world_size()} on {device} ({reason})',
+        f'{torch_dist.get_world_size()} on {device} ({reason}), collective '
+        f"timeout {kwargs['timeout'].total_seconds():.0f}s",
         logger='current')
     return chosen

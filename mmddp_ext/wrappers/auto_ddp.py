@@ -229,11 +229,10 @@ class AutoDDP(MMDistributedDataParallel):
         elif never:
             find_unused = False
             ignored = set(never)
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                module,
-                sorted(ignored | set(
-                    getattr(module, '_ddp_params_and_buffers_to_ignore',
-                            ()))))
+            already = getattr(module, '_ddp_params_and_buffers_to_ignore', ())
+            ddp_cls = DistributedDataParallel
+            ddp_cls._set_params_and_buffers_to_ignore_for_model(
+                module, sorted(ignored | set(already)))
             self_ignored = [(n, p) for n, p in trainable if n in ignored]
             why = (f'{len(never)} parameter(s) received no gradient on any '
                    f'rank and are left out of DDP (their grad stays None; '

@@ -55,6 +55,15 @@ def test_two_nodes_on_localhost(synthetic_root, tmp_path):
     assert logged_iters(results[0].stdout) == [1, 2]
 
 
+def _last_checkpoint_iter(work_dir):
+    path = osp.join(work_dir, 'last_checkpoint')
+    if not osp.exists(path):
+        return 0
+    with open(path) as f:
+        found = re.search(r'iter_(\d+)\.pth', f.read())
+    return int(found[1]) if found else 0
+
+
 def _optimizer_steps(ckpt):
     return {int(s['step']) for s in ckpt['optimizer']['state'].values()}
 
@@ -70,13 +79,15 @@ def test_resume_after_kill_continues(synthetic_root, tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
         env=dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable))
     deadline = time.monotonic() + 150
-    while time.monotonic() < deadline and not osp.exists(
-            osp.join(work_dir, 'iter_4.pth')):
+    while time.monotonic() < deadline and _last_checkpoint_iter(
+            work_dir) < 4:
         time.sleep(0.2)
     kill_process_tree(proc.pid)
     proc.wait()
-    assert osp.exists(osp.join(work_dir, 'iter_4.pth')), 'no checkpoint'
-    killed_at = int(re.search(r'iter_(\d+)', checkpoints(work_dir)[-1])[1])
+    # The checkpoint that --resume picks: the one `last_checkpoint` names,
+    # written after the file itself is complete.
+    killed_at = _last_checkpoint_iter(work_dir)
+    assert killed_at >= 4, 'no checkpoint before the deadline'
     assert killed_at < iters, 'the run finished before it was killed'
 
     result = dist_train(TINY_CONFIG, 2, work_dir,

@@ -1,5 +1,4 @@
 """AutoDDP on real gloo ranks with real Runner training of tiny DINO."""
-import os.path as osp
 import time
 
 import pytest

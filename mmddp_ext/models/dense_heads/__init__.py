@@ -1,0 +1,3 @@
+from .ddp_safe_dino_head import DDPSafeDINOHead
+
+__all__ = ['DDPSafeDINOHead']

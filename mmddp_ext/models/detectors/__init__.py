@@ -1,0 +1,3 @@
+from .ddp_safe_dino import DDPSafeDINO
+
+__all__ = ['DDPSafeDINO']

@@ -1,0 +1,3 @@
+from .safe_varifocal_loss import SafeVarifocalLoss
+
+__all__ = ['SafeVarifocalLoss']

@@ -1,0 +1,142 @@
+"""Tiny DINO models and in-memory batches shared by the model tests."""
+import os.path as osp
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+TINY_MODEL_CFG = osp.join(REPO_ROOT, 'configs', '_base_', 'models',
+                          'dino_tiny.py')
+IMAGE_SIZE = 96
+NUM_CLASSES = 2
+# Noise this small leaves every noisy dn query equal to its GT box bit for
+# bit (below half an ulp of any coordinate), so the dn queries no longer
+# depend on how many random numbers a batch layout draws.
+NO_NOISE = 1e-20
+
+
+def tiny_dino_cfg(ddp_safe: bool = True,
+                  deterministic: bool = False,
+                  head: Optional[str] = None):
+    """The tiny DINO model config (configs/_base_/models/dino_tiny.py).
+
+    Args:
+        ddp_safe (bool): Use DDPSafeDINO + DDPSafeDINOHead instead of
+            mmdet's DINO + DINOHead.
+        deterministic (bool): Make each image's loss independent of the
+            rest of its batch: BN on running statistics and noise-free dn
+            queries. Needed to compare DDP with a single process.
+        head (str, optional): Override the head type.
+    """
+    from mmengine.config import Config
+    cfg = Config.fromfile(TINY_MODEL_CFG).model
+    if ddp_safe:
+        cfg.type = 'DDPSafeDINO'
+        cfg.bbox_head.type = 'DDPSafeDINOHead'
+    if head:
+        cfg.bbox_head.type = head
+    if deterministic:
+        cfg.backbone.norm_eval = True
+        cfg.dn_cfg.label_noise_scale = NO_NOISE
+        cfg.dn_cfg.box_noise_scale = NO_NOISE
+    return cfg
+
+
+def build_model(cfg, seed: int = 0) -> torch.nn.Module:
+    """Build and initialise ``cfg`` from a fixed seed, in train mode."""
+    import mmddp_ext  # noqa: F401  (registers the DDP-safe models)
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    register_all_modules()
+    torch.manual_seed(seed)
+    model = MODELS.build(cfg)
+    model.init_weights()
+    return model.train()
+
+
+def _random_boxes(num: int, gen: torch.Generator) -> torch.Tensor:
+    """``num`` boxes (x1, y1, x2, y2) of 12..48 px inside the image."""
+    wh = torch.randint(12, 49, (num, 2), generator=gen).float()
+    xy = torch.rand(num, 2, generator=gen) * (IMAGE_SIZE - wh)
+    return torch.cat([xy, xy + wh], dim=1)
+
+
+def raw_batch(gt_counts: Sequence[int],
+              first_index: int = 0,
+              seed: int = 0) -> Dict:
+    """An unprocessed batch; image ``first_index + i`` has ``gt_counts[i]``
+    boxes. Each image depends only on its global index and ``seed``, so
+    the batches of several ranks concatenate to the single-process batch.
+    """
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    inputs, samples = [], []
+    for offset, count in enumerate(gt_counts):
+        gen = torch.Generator().manual_seed(seed * 100003 + first_index +
+                                            offset)
+        inputs.append(
+            torch.randint(
+                0,
+                256, (3, IMAGE_SIZE, IMAGE_SIZE),
+                generator=gen,
+                dtype=torch.uint8))
+        sample = DetDataSample(
+            metainfo=dict(
+                img_id=first_index + offset,
+                img_shape=(IMAGE_SIZE, IMAGE_SIZE),
+                ori_shape=(IMAGE_SIZE, IMAGE_SIZE),
+                scale_factor=(1.0, 1.0)))
+        sample.gt_instances = InstanceData(
+            bboxes=_random_boxes(count, gen),
+            labels=torch.randint(0, NUM_CLASSES, (count, ), generator=gen))
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def loss_and_grads(model: torch.nn.Module,
+                   batch: Dict,
+                   forward=None) -> Tuple[Dict, Dict]:
+    """One forward/backward of ``batch``; returns the loss dict (detached)
+    and every parameter's gradient (None where it received none).
+
+    ``forward`` is the callable that computes the loss dict from the
+    processed batch (e.g. a DDP wrapper); defaults to ``model``.
+    """
+    model.zero_grad(set_to_none=True)
+    data = model.data_preprocessor(batch, training=True)
+    losses = (forward or model)(**data, mode='loss')
+    total, _ = model.parse_losses(losses)
+    total.backward()
+    grads = {
+        name: None if p.grad is None else p.grad.detach().clone()
+        for name, p in model.named_parameters()
+    }
+    return losses, grads
+
+
+def loss_values(losses: Dict) -> Dict[str, float]:
+    """Loss dict as python floats (a list value counts as its sum)."""
+    values = {}
+    for key, value in losses.items():
+        if isinstance(value, (list, tuple)):
+            value = sum(v.sum() for v in value)
+        values[key] = value.detach().sum().item()
+    return values
+
+
+def relative_errors(grads: Dict, reference: Dict) -> Dict[str, float]:
+    """Per parameter ``||g - ref|| / ||ref||`` (0 where both are zero)."""
+    errors = {}
+    for name, ref in reference.items():
+        diff = (grads[name].double() - ref.double()).norm().item()
+        scale = ref.double().norm().item()
+        errors[name] = diff / scale if scale > 0 else diff
+    return errors
+
+
+def global_relative_error(grads: Dict, reference: Dict) -> float:
+    """``||g - ref|| / ||ref||`` over all parameters together."""
+    squared_diff = sum((grads[k].double() - ref.double()).norm()**2
+                       for k, ref in reference.items())
+    squared_ref = sum(ref.double().norm()**2 for ref in reference.values())
+    return (squared_diff / squared_ref).sqrt().item()

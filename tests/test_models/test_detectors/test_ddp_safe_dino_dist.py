@@ -1,0 +1,297 @@
+"""DDPSafeDINO on 2 and 3 real gloo ranks, one of which only ever sees
+GT-less images, with ``find_unused_parameters=False``.
+
+Each world size spawns its ranks once (``dist_run``): every rank runs two
+DDP steps of the tiny model on a fixed batch, then trains a stock mmdet
+DINO config that has only the documented opt-in lines added (plus tiny
+overrides) with the Runner. The tests below check different parts of what
+the ranks reported.
+"""
+import os.path as osp
+
+import pytest
+import torch
+
+from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
+from ..dino_utils import (build_model, global_relative_error, loss_and_grads,
+                          loss_values, raw_batch, relative_errors,
+                          tiny_dino_cfg)
+
+REPO_ROOT = osp.dirname(
+    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+EMPTY_RANK = 1
+# Per rank, the GT count of each of its 2 images; rank 1 has none. Ranks
+# with GT share the same maximum (2), so the dynamic dn grouping
+# (num_dn_queries // max GT per image) is the same on every rank with GT
+# and in the single-process batch.
+GT_COUNTS = {2: [[2, 1], [0, 0]], 3: [[2, 1], [0, 0], [1, 2]]}
+# With an unshuffled sampler, rank r reads images r, r + W, ...
+EMPTY_IMAGES = {2: 'odd', 3: 'mod3:1'}
+TRAIN_ITERS = 2
+
+# A stock mmdet DINO config with the opt-in added: the mmddp_ext base and
+# the two-line model override documented in configs/_base_/mmddp_ext.py.
+OPT_IN_CONFIG = f"""
+_base_ = [
+    'mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py',
+    '{REPO_ROOT}/configs/_base_/mmddp_ext.py',
+]
+model = dict(type='DDPSafeDINO', bbox_head=dict(type='DDPSafeDINOHead'))
+"""
+
+
+def tiny_overrides(data_root: str) -> dict:
+    """Shrink the stock config for CPU and point it at synthetic data."""
+    pipeline = [
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations', with_bbox=True),
+        dict(type='RandomFlip', prob=0.5),
+        dict(type='PackDetInputs')
+    ]
+    return {
+        'model.num_queries':
+        30,
+        'model.backbone.depth':
+        18,
+        'model.backbone.init_cfg':
+        None,  # no download
+        'model.neck.in_channels': [128, 256, 512],
+        'model.encoder.num_layers':
+        1,
+        'model.decoder.num_layers':
+        2,
+        'model.encoder.layer_cfg.ffn_cfg.feedforward_channels':
+        128,
+        'model.decoder.layer_cfg.ffn_cfg.feedforward_channels':
+        128,
+        'model.bbox_head.num_classes':
+        2,
+        'model.dn_cfg.group_cfg.num_dn_queries':
+        10,
+        'model.test_cfg.max_per_img':
+        30,
+        'model_wrapper_cfg':
+        dict(type='MMDistributedDataParallel', find_unused_parameters=False),
+        'train_dataloader.num_workers':
+        0,
+        'train_dataloader.persistent_workers':
+        False,
+        'train_dataloader.sampler.shuffle':
+        False,
+        'train_dataloader.dataset.data_root':
+        data_root + '/',
+        'train_dataloader.dataset.ann_file':
+        'train/annotations.json',
+        'train_dataloader.dataset.data_prefix':
+        dict(img='train/images/'),
+        'train_dataloader.dataset.metainfo':
+        dict(classes=('square', 'disc')),
+        'train_dataloader.dataset.pipeline':
+        pipeline,
+        'train_cfg.max_epochs':
+        1,
+        'val_cfg':
+        None,
+        'val_dataloader':
+        None,
+        'val_evaluator':
+        None,
+        'test_cfg':
+        None,
+        'test_dataloader':
+        None,
+        'test_evaluator':
+        None,
+        'default_hooks.checkpoint':
+        None,
+    }
+
+
+def _counting_all_reduce(calls):
+    """``dist.all_reduce`` that records each call's shape, then runs it."""
+    import torch.distributed as dist
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):
+        calls.append(tuple(tensor.shape))
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    return real_all_reduce, all_reduce
+
+
+def _ddp_steps(gt_counts):
+    """Two forward/backward passes of this rank's fixed batch under plain
+    DDP; reports the first pass. The second pass makes DDP's reducer check
+    that every parameter was reduced in the first."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    rank = dist.get_rank()
+    model = build_model(tiny_dino_cfg(ddp_safe=True, deterministic=True))
+    ddp = DistributedDataParallel(model, find_unused_parameters=False)
+    batch = raw_batch(gt_counts[rank], first_index=2 * rank)
+    calls = []
+    real_all_reduce, dist.all_reduce = _counting_all_reduce(calls)
+    try:
+        losses, grads = loss_and_grads(model, batch, forward=ddp)
+        first_pass_calls = list(calls)
+        loss_and_grads(model, batch, forward=ddp)
+    finally:
+        dist.all_reduce = real_all_reduce
+    return dict(
+        loss_keys=list(losses),
+        loss_values=loss_values(losses),
+        all_reduce_calls=first_pass_calls,
+        missing_grads=[name for name, g in grads.items() if g is None],
+        grad_checksum=sum(g.double().sum().item() for g in grads.values()),
+        grads=grads if rank == 0 else None)
+
+
+class _GtCountRecorder:
+    """Hook mixin: GT boxes per image of every training batch."""
+
+    def __init__(self):
+        self.gt_counts = []
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.gt_counts.append(
+            [len(s.gt_instances) for s in data_batch['data_samples']])
+
+
+def _train_opt_in_config(config_path, data_root, work_dir):
+    """Train the opt-in config; report what this rank logged and saw."""
+    from mmengine.config import Config
+    from mmengine.hooks import Hook
+    from mmengine.registry import RUNNERS
+    cfg = Config.fromfile(config_path)
+    cfg.merge_from_dict(tiny_overrides(data_root))
+    cfg.work_dir = work_dir
+    cfg.launcher = 'pytorch'
+    runner = RUNNERS.build(cfg)
+    recorder = type('GtCountRecorder', (_GtCountRecorder, Hook), {})()
+    runner.register_hook(recorder)
+    runner.train()
+    scalars = runner.message_hub.log_scalars
+    losses = {
+        key[len('train/'):]: scalars[key].data[0].tolist()
+        for key in scalars if key.startswith('train/') and 'loss' in key
+    }
+    return dict(
+        iters=runner.iter,
+        losses=losses,
+        gt_counts=recorder.gt_counts,
+        model=type(runner.model.module).__name__,
+        find_unused=runner.model.find_unused_parameters)
+
+
+def _rank_main(gt_counts, config_path, data_root, work_dir):
+    return dict(
+        steps=_ddp_steps(gt_counts),
+        training=_train_opt_in_config(config_path, data_root, work_dir))
+
+
+@pytest.fixture(scope='module', params=[2, 3], ids=['2ranks', '3ranks'])
+def dist_run(request, tmp_path_factory):
+    world_size = request.param
+    root = tmp_path_factory.mktemp(f'ddp_safe_dino_{world_size}')
+    make_synthetic_coco(
+        str(root / 'train'),
+        num_images=world_size * 2 * TRAIN_ITERS,
+        empty=EMPTY_IMAGES[world_size])
+    config_path = root / 'dino_opt_in.py'
+    config_path.write_text(OPT_IN_CONFIG)
+    results = run_on_ranks(
+        _rank_main,
+        world_size,
+        args=(GT_COUNTS[world_size], str(config_path), str(root),
+              str(root / 'work')),
+        timeout=170)
+    return world_size, results
+
+
+def test_same_loss_keys_collectives_and_gradients_on_every_rank(dist_run):
+    world_size, results = dist_run
+    steps = [result['steps'] for result in results]
+    assert len(steps) == world_size
+    for rank, step in enumerate(steps):
+        assert step['loss_keys'] == steps[0]['loss_keys'], rank
+        assert step['all_reduce_calls'] == steps[0]['all_reduce_calls']
+        assert step['missing_grads'] == [], rank
+        assert step['grad_checksum'] == steps[0]['grad_checksum'], rank
+        for key, value in step['loss_values'].items():
+            assert abs(value) < float('inf'), (rank, key)  # NaN fails too
+    # reduce_mean of the 2 average factors of every loss-term set: matching
+    # and dn per decoder layer (2 each) and the encoder.
+    assert len(steps[0]['all_reduce_calls']) == 2 * (2 + 2 + 1)
+    assert 'dn_loss_cls' in steps[0]['loss_keys']
+
+
+def _drop_dn_padding_of_gt_less_images(head):
+    """Zero the dn label weights of images without GT.
+
+    mmdet's DINOHead trains the zero-padding dn queries of a GT-less image
+    as background (weight 1) when another image of its batch has GT. Under
+    DDP, the same image on a GT-less rank has no dn part at all (stock) or
+    the zero-weight dummy (ours). That term depends on how images are
+    batched, not on DDP, so the single-process reference drops it.
+    """
+    upstream_targets = head._get_dn_targets_single
+
+    def targets(gt_instances, img_meta, dn_meta):
+        labels, label_weights, *rest = upstream_targets(
+            gt_instances, img_meta, dn_meta)
+        if len(gt_instances) == 0:
+            label_weights = torch.zeros_like(label_weights)
+        return (labels, label_weights, *rest)
+
+    head._get_dn_targets_single = targets
+
+
+def test_ddp_gradient_equals_single_process(dist_run):
+    """One DDP step equals one single-process step over the concatenated
+    batch (fp32).
+
+    Normalisation: every DINO loss term is ``sum_i l_i / A`` over the
+    rank's images, with ``A`` the rank's positive count passed through
+    ``reduce_mean`` (mean over ranks = N / W for N positives in all), so
+    rank r's loss is ``W * sum_{i in r} l_i / N``. DDP averages gradients
+    over the W ranks, giving ``grad(sum_i l_i / N)``: exactly the
+    single-process gradient of the whole batch, whose ``A`` is N. BN runs
+    on its running statistics and the dn noise is off
+    (``deterministic=True``) so each image's loss does not depend on its
+    batch; see ``_drop_dn_padding_of_gt_less_images`` for the one
+    batching-dependent dn term. Loss values are per rank and are not
+    compared; the gradients are, as a whole (relative 1e-6) and per
+    tensor (1e-5: tiny BN-bias gradients are cancelling sums).
+    """
+    world_size, results = dist_run
+    reference_model = build_model(
+        tiny_dino_cfg(ddp_safe=True, deterministic=True))
+    _drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
+    all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
+    _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
+
+    grads = results[0]['steps']['grads']
+    assert global_relative_error(grads, reference) < 1e-6
+    errors = relative_errors(grads, reference)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] < 1e-5, (worst, errors[worst])
+
+
+def test_stock_dino_config_with_opt_in_trains(dist_run):
+    """The stock config + opt-in builds DDPSafeDINO and trains on every
+    rank without unused-parameter detection; one rank sees no GT at all;
+    every rank logs the same finite losses, dn terms included."""
+    world_size, results = dist_run
+    trainings = [result['training'] for result in results]
+    for rank, training in enumerate(trainings):
+        assert training['model'] == 'DDPSafeDINO'
+        assert training['find_unused'] is False
+        assert training['iters'] == TRAIN_ITERS, rank
+        assert sorted(training['losses']) == sorted(trainings[0]['losses'])
+        for key, history in training['losses'].items():
+            assert len(history) == TRAIN_ITERS, (rank, key)
+            assert all(abs(v) < float('inf') for v in history), (rank, key)
+        seen = sum(map(sum, training['gt_counts']))
+        assert (seen == 0) == (rank == EMPTY_RANK), (rank, seen)
+    assert {'dn_loss_cls', 'd0.dn_loss_iou',
+            'enc_loss_cls'} <= set(trainings[0]['losses'])
