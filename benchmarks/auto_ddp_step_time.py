@@ -14,6 +14,7 @@ one-time start-up cost (its first step minus the hand-tuned first step,
 in steady-state steps).
 """
 import argparse
+import time
 
 from _common import REPO_ROOT, StepTimer, make_dataset, median  # noqa
 
@@ -42,8 +43,18 @@ def _time_run(work_dir, data_root, iters, head, wrapper):
     })
     timer = type('Timer', (StepTimer, Hook), {})()
     runner.register_hook(timer)
+    extra = []  # AutoDDP's own per-step work: its end-of-backward check
+    if hasattr(runner.model, '_check_usage'):
+        check = runner.model._check_usage
+
+        def timed_check():
+            start = time.perf_counter()
+            check()
+            extra.append(time.perf_counter() - start)
+
+        runner.model._check_usage = timed_check
     runner.train()
-    return timer.times if dist.get_rank() == 0 else None
+    return (timer.times, extra) if dist.get_rank() == 0 else None
 
 
 def main():
@@ -59,15 +70,17 @@ def main():
     data_root = make_dataset()
     steady = {name: [] for name in VARIANTS}
     first = {name: [] for name in VARIANTS}
+    extra = {name: [] for name in VARIANTS}
     for repeat in range(args.repeats):
         for name, (head, wrapper) in VARIANTS.items():
-            times = run_on_ranks(
+            times, checks = run_on_ranks(
                 _time_run, 2,
                 args=(tempfile.mkdtemp(), data_root, args.iters, head,
                       wrapper),
                 timeout=900,
                 env={'OMP_NUM_THREADS': '1'})[0]
             steady[name] += times[args.warmup:]
+            extra[name] += checks
             first[name].append(times[0])
             print(f'repeat {repeat} {name:9s} median step '
                   f'{median(times[args.warmup:]) * 1e3:7.1f} ms, first step '
@@ -82,6 +95,10 @@ def main():
     print(f"AutoDDP (ext head) / hand-tuned DDP:            "
           f"{med['auto_ext'] / med['hand']:.3f}")
     print(f'AutoDDP one-time start-up cost: {startup:+.2f} steps')
+    for name in ('auto', 'auto_ext'):
+        cost = median(extra[name])
+        print(f'AutoDDP per-step extra work ({name}): {cost * 1e6:.0f} us '
+              f"= {cost / med['hand']:.5f} of a hand-tuned step")
 
 
 if __name__ == '__main__':
