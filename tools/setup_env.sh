@@ -93,11 +93,9 @@ else
     "${PIP[@]}" -r "$ROOT/requirements/tests.txt"
 fi
 
-installed_at="$("$PY" - <<'EOF' 2>/dev/null || true
-import os, mmddp_ext
-print(os.path.dirname(os.path.dirname(os.path.abspath(mmddp_ext.__file__))))
-EOF
-)"
+# Checked from / so that the checkout in the current directory does not
+# shadow what is installed.
+installed_at="$(cd / && "$PY" -c 'import os, mmddp_ext; print(os.path.dirname(os.path.dirname(os.path.abspath(mmddp_ext.__file__))))' 2>/dev/null || true)"
 if [ "$installed_at" = "$ROOT" ]; then
     say "mmddp_ext (editable) points at this checkout"
 else
