@@ -102,10 +102,12 @@ class ExtRunner(Runner):
         return dict(EXT_CFG_DEFAULTS, **given)
 
     def setup_env(self, env_cfg: Dict) -> None:
-        check_launch_environment(self.launcher)
         if self.distributed and not is_distributed():
+            # init_distributed runs the launch checks itself.
             init_distributed(self.launcher,
                              **copy.deepcopy(env_cfg.get('dist_cfg', {})))
+        else:
+            check_launch_environment(self.launcher)
         super().setup_env(env_cfg)
 
     def wrap_model(self, model_wrapper_cfg: Optional[Dict],

@@ -139,8 +139,6 @@ def check_launch_environment(launcher: str,
             'mp.spawn/Process call, or run that script without torchrun.')
     argv = sys.argv if argv is None else argv
     if any(a.startswith(('--local-rank', '--local_rank')) for a in argv):
-        # Several start-up stages call this check: warn every time rather
-        # than track state; the stages log to the same logger.
         print_log(
             '--local-rank on the command line means the deprecated '
             'torch.distributed.launch started this process; use torchrun '
