@@ -1,58 +1,9 @@
 #!/usr/bin/env bash
-# Launch tools/train.py on NPROC ranks per node with torchrun
-# (python -m torch.distributed.run, never the deprecated
-# torch.distributed.launch). Works on GPUs (nccl) and on CPU (gloo).
+# Train on NPROC ranks per node with torchrun (gloo on CPU, nccl on GPUs).
 #
 #   bash tools/dist_train.sh CONFIG NPROC [train.py args...]
 #
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
 # PORT (29500), PYTHON (python3).
-set -euo pipefail
-
-usage="usage: bash tools/dist_train.sh CONFIG NPROC [train.py args...]"
-CONFIG="${1:-}"
-NPROC="${2:-}"
-if [ -z "$CONFIG" ] || [ -z "$NPROC" ]; then
-    echo "dist_train.sh: CONFIG and NPROC are required. $usage" >&2
-    exit 2
-fi
-if [ ! -f "$CONFIG" ]; then
-    echo "dist_train.sh: config file '$CONFIG' does not exist. $usage" >&2
-    exit 2
-fi
-if ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
-    echo "dist_train.sh: NPROC must be a positive integer (ranks per node)," \
-         "got '$NPROC'. $usage" >&2
-    exit 2
-fi
-NNODES="${NNODES:-1}"
-NODE_RANK="${NODE_RANK:-0}"
-PORT="${PORT:-29500}"
-MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
-for var in NNODES PORT; do
-    if ! [[ "${!var}" =~ ^[1-9][0-9]*$ ]]; then
-        echo "dist_train.sh: $var must be a positive integer, got '${!var}'." >&2
-        exit 2
-    fi
-done
-if ! [[ "$NODE_RANK" =~ ^[0-9]+$ ]] || [ "$NODE_RANK" -ge "$NNODES" ]; then
-    echo "dist_train.sh: NODE_RANK must be in [0, NNODES=$NNODES), got" \
-         "'$NODE_RANK'." >&2
-    exit 2
-fi
-
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-# One compute thread per rank unless the user says otherwise: ranks share
-# the machine's cores.
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-
-exec "${PYTHON:-python3}" -m torch.distributed.run \
-    --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
-    --nproc_per_node="$NPROC" \
-    --master_port="$PORT" \
-    "$ROOT/tools/train.py" \
-    "$CONFIG" \
-    --launcher pytorch "${@:3}"
+DIST_NAME=dist_train.sh exec bash "$(dirname "${BASH_SOURCE[0]}")/dist_launch.sh" \
+    train.py "$@"

@@ -6,9 +6,10 @@ built and name the file and the problem.
 """
 import json
 import os.path as osp
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, List, Sequence, Tuple
 
 MAX_REPORTED = 5
+SPLITS = ('train', 'val', 'test')
 
 
 def _problems(data: Any) -> List[str]:
@@ -91,11 +92,14 @@ def _dataset_ann_files(dataset_cfg: Any) -> Iterator[str]:
         yield ann_file if osp.isabs(ann_file) else osp.join(root, ann_file)
 
 
-def config_ann_files(cfg: Any) -> List[Tuple[str, str]]:
+def config_ann_files(
+    cfg: Any,
+    splits: Sequence[str] = SPLITS,
+) -> List[Tuple[str, str]]:
     """``(config key, path)`` of every JSON annotation file in ``cfg``'s
-    dataloaders and evaluators."""
+    dataloaders and evaluators of ``splits`` ('train', 'val', 'test')."""
     found = []
-    for split in ('train', 'val', 'test'):
+    for split in splits:
         loader = cfg.get(f'{split}_dataloader') or {}
         for path in _dataset_ann_files(loader.get('dataset')):
             found.append((f'{split}_dataloader.dataset.ann_file', path))
@@ -109,9 +113,12 @@ def config_ann_files(cfg: Any) -> List[Tuple[str, str]]:
     return [(key, path) for key, path in found if path.endswith('.json')]
 
 
-def check_config_annotations(cfg: Any) -> None:
-    """Run :func:`check_coco_file` on every annotation file ``cfg`` uses."""
-    for key, path in dict.fromkeys(config_ann_files(cfg)):
+def check_config_annotations(cfg: Any,
+                             splits: Sequence[str] = SPLITS) -> None:
+    """Run :func:`check_coco_file` on every annotation file that ``cfg``
+    uses for ``splits`` (all three by default; tools/test.py checks only
+    'test')."""
+    for key, path in dict.fromkeys(config_ann_files(cfg, splits)):
         try:
             check_coco_file(path)
         except ValueError as error:

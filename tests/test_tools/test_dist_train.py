@@ -1,6 +1,7 @@
 """tools/dist_train.sh end to end on real gloo ranks (CPU)."""
 import os
 import os.path as osp
+import pickle
 import re
 import shutil
 import subprocess
@@ -27,8 +28,24 @@ def test_tiny_dino_trains_on_cpu_ranks(synthetic_root, tmp_path, nproc):
     assert 'CUDA is not available' in out
     assert logged_iters(out) == [1, 2, 3]  # loss reported every iteration
     # Written through mmddp_ext, so it loads with weights_only=True.
-    ckpt = load_checkpoint_file(checkpoints(work_dir)[-1])
+    ckpt_path = checkpoints(work_dir)[-1]
+    ckpt = load_checkpoint_file(ckpt_path)
     assert ckpt['meta']['iter'] == 3
+
+    # The same ranks evaluate it with tools/dist_test.sh: pycocotools mAP.
+    preds = str(tmp_path / 'preds.pkl')
+    cmd = ['bash', osp.join(REPO_ROOT, 'tools', 'dist_test.sh'), TINY_CONFIG,
+           ckpt_path, str(nproc), '--work-dir', str(tmp_path / 'test'),
+           '--out', preds, '--cfg-options', *data_options(synthetic_root)]
+    result = run_command(cmd, timeout=90, cwd=REPO_ROOT,
+                         env={'PORT': str(free_port()),
+                              'PYTHON': sys.executable})
+    found = re.search(r'coco/bbox_mAP: (-?[\d.]+)', result.stdout)
+    assert found, result.stdout[-3000:]
+    assert -1 <= float(found[1]) <= 1
+    assert f'Load checkpoint from {ckpt_path}' in result.stdout
+    with open(preds, 'rb') as f:
+        assert len(pickle.load(f)) == 8  # one entry per val image
 
 
 def test_two_nodes_on_localhost(synthetic_root, tmp_path):
@@ -144,3 +161,19 @@ def test_train_py_missing_config_message():
                          timeout=60, check=False)
     assert result.returncode != 0
     assert "config file 'nope.py' does not exist" in result.stdout
+
+
+def test_test_py_missing_checkpoint_message():
+    result = run_command([sys.executable, osp.join(REPO_ROOT, 'tools',
+                                                   'test.py'), TINY_CONFIG,
+                          'nope.pth'], timeout=60, check=False)
+    assert result.returncode != 0
+    assert "checkpoint file 'nope.pth' does not exist" in result.stdout
+
+
+def test_dist_test_needs_three_arguments():
+    result = run_command(
+        ['bash', osp.join(REPO_ROOT, 'tools', 'dist_test.sh'), TINY_CONFIG,
+         '2'], timeout=30, check=False)
+    assert result.returncode == 2
+    assert 'CONFIG, CHECKPOINT and NPROC are required' in result.stdout

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Shared launcher of the dist_train and dist_test scripts: runs
+# tools/SCRIPT on NPROC ranks per node with torchrun
+# (python -m torch.distributed.run, never the deprecated
+# torch.distributed.launch). Works on GPUs (nccl) and on CPU (gloo).
+#
+#   bash tools/dist_launch.sh SCRIPT CONFIG NPROC [SCRIPT args...]
+#
+# Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
+# PORT (29500), PYTHON (python3).
+set -euo pipefail
+
+SCRIPT="${1:?dist_launch.sh: SCRIPT (train.py or test.py) is required}"
+shift
+NAME="${DIST_NAME:-dist_launch.sh}"
+usage="usage: bash tools/$NAME CONFIG NPROC [$SCRIPT args...]"
+CONFIG="${1:-}"
+NPROC="${2:-}"
+if [ -z "$CONFIG" ] || [ -z "$NPROC" ]; then
+    echo "$NAME: CONFIG and NPROC are required. $usage" >&2
+    exit 2
+fi
+if [ ! -f "$CONFIG" ]; then
+    echo "$NAME: config file '$CONFIG' does not exist. $usage" >&2
+    exit 2
+fi
+if ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
+    echo "$NAME: NPROC must be a positive integer (ranks per node)," \
+         "got '$NPROC'. $usage" >&2
+    exit 2
+fi
+NNODES="${NNODES:-1}"
+NODE_RANK="${NODE_RANK:-0}"
+PORT="${PORT:-29500}"
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+for var in NNODES PORT; do
+    if ! [[ "${!var}" =~ ^[1-9][0-9]*$ ]]; then
+        echo "$NAME: $var must be a positive integer, got '${!var}'." >&2
+        exit 2
+    fi
+done
+if ! [[ "$NODE_RANK" =~ ^[0-9]+$ ]] || [ "$NODE_RANK" -ge "$NNODES" ]; then
+    echo "$NAME: NODE_RANK must be in [0, NNODES=$NNODES), got" \
+         "'$NODE_RANK'." >&2
+    exit 2
+fi
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# One compute thread per rank unless the user says otherwise: ranks share
+# the machine's cores.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+
+exec "${PYTHON:-python3}" -m torch.distributed.run \
+    --nnodes="$NNODES" \
+    --node_rank="$NODE_RANK" \
+    --master_addr="$MASTER_ADDR" \
+    --nproc_per_node="$NPROC" \
+    --master_port="$PORT" \
+    "$ROOT/tools/$SCRIPT" \
+    "$CONFIG" \
+    --launcher pytorch "${@:3}"
