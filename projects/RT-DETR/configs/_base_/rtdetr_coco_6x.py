@@ -1,0 +1,104 @@
+# COCO data, 72-epoch schedule and EMA of upstream RT-DETR
+# (include/dataloader.yml, include/optimizer.yml): 640x640 inputs, photometric
+# distortion, zoom-out, IoU crop, flip; 4 images per GPU on 4 GPUs; AdamW
+# lr 1e-4 (backbone 1e-5), weight decay 1e-4 (0 on norms and biases of
+# the encoder/decoder), grad clip 0.1, EMA 0.9999 with 2000 warm-up steps.
+# mmdet transforms stand in for upstream's torchvision v2 ones.
+_base_ = ['mmdet::_base_/default_runtime.py']
+dataset_type = 'CocoDataset'
+data_root = 'data/coco/'
+backend_args = None
+train_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='PhotoMetricDistortion'),
+    dict(
+        type='RandomApply',
+        transforms=dict(type='Expand', mean=[0, 0, 0], ratio_range=(1, 4)),
+        prob=0.5),
+    dict(
+        type='RandomApply', transforms=dict(type='MinIoURandomCrop'),
+        prob=0.8),
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='Resize', scale=(640, 640), keep_ratio=False),
+    dict(type='PackDetInputs')
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=backend_args),
+    dict(type='Resize', scale=(640, 640), keep_ratio=False),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(
+        type='PackDetInputs',
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                   'scale_factor'))
+]
+train_dataloader = dict(
+    batch_size=4,
+    num_workers=4,
+    persistent_workers=True,
+    sampler=dict(type='DefaultSampler', shuffle=True),
+    batch_sampler=None,
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        ann_file='annotations/instances_train2017.json',
+        data_prefix=dict(img='train2017/'),
+        filter_cfg=dict(filter_empty_gt=False, min_size=1),
+        pipeline=train_pipeline,
+        backend_args=backend_args))
+val_dataloader = dict(
+    batch_size=8,
+    num_workers=4,
+    persistent_workers=True,
+    drop_last=False,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        ann_file='annotations/instances_val2017.json',
+        data_prefix=dict(img='val2017/'),
+        test_mode=True,
+        pipeline=test_pipeline,
+        backend_args=backend_args))
+test_dataloader = val_dataloader
+val_evaluator = dict(
+    type='CocoMetric',
+    ann_file=data_root + 'annotations/instances_val2017.json',
+    metric='bbox',
+    backend_args=backend_args)
+test_evaluator = val_evaluator
+
+max_epochs = 72
+train_cfg = dict(
+    type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(
+        type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
+    clip_grad=dict(max_norm=0.1, norm_type=2),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        custom_keys={'backbone': dict(lr_mult=0.1)}))
+# upstream: constant lr (MultiStepLR milestone 1000 epochs) after a
+# 2000-iteration linear warm-up
+param_scheduler = [
+    dict(
+        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=2000)
+]
+# upstream ModelEMA: decay 0.9999 * (1 - exp(-updates / 2000)); mmdet's
+# ExpMomentumEMA with momentum 1 - 0.9999 and gamma 2000 is the same curve.
+custom_hooks = [
+    dict(
+        type='EMAHook',
+        ema_type='ExpMomentumEMA',
+        momentum=0.0001,
+        gamma=2000,
+        update_buffers=True,
+        priority=49)
+]
+default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=1))
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,0 +1,255 @@
+"""Building blocks of RT-DETR's hybrid encoder and decoder.
+
+Plain ``nn.Module`` classes, not registered: the registered components
+(:class:`HybridEncoder`, :class:`RTDETR`) build them. Attribute names follow
+lyuwenyu/RT-DETR so that converted checkpoints load key for key.
+"""
+import torch
+import torch.nn.functional as F
+from mmcv.ops import MultiScaleDeformableAttention
+from mmdet.models.layers.transformer import inverse_sigmoid
+from torch import Tensor, nn
+
+ACTIVATIONS = {'relu': nn.ReLU, 'silu': nn.SiLU, 'gelu': nn.GELU}
+
+
+def build_activation(name) -> nn.Module:
+    """``nn.Identity`` for None, else the activation called ``name``."""
+    if name is None:
+        return nn.Identity()
+    if name not in ACTIVATIONS:
+        raise ValueError(
+            f'RT-DETR activation must be one of {sorted(ACTIVATIONS)} or '
+            f'None, but got {name!r}. Fix the act/enc_act key of the neck '
+            'config.')
+    return ACTIVATIONS[name]()
+
+
+class ConvNormLayer(nn.Module):
+    """Conv2d (no bias, 'same' padding) + BatchNorm2d + activation."""
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 kernel_size: int,
+                 stride: int = 1,
+                 act=None) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding=(kernel_size - 1) // 2,
+            bias=False)
+        self.norm = nn.BatchNorm2d(out_channels)
+        self.act = build_activation(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.norm(self.conv(x)))
+
+
+class RepVggBlock(nn.Module):
+    """RepVGG block in its training form: a 3x3 and a 1x1 conv-BN branch,
+    summed, then the activation. Upstream's deploy form fuses both into one
+    biased 3x3 ``conv``; convert checkpoints before fusing."""
+
+    def __init__(self, channels: int, act='silu') -> None:
+        super().__init__()
+        self.conv1 = ConvNormLayer(channels, channels, 3, act=None)
+        self.conv2 = ConvNormLayer(channels, channels, 1, act=None)
+        self.act = build_activation(act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.conv1(x) + self.conv2(x))
+
+
+class CSPRepLayer(nn.Module):
+    """CSP block of the CCFM: two 1x1 projections, RepVGG blocks on one of
+    them, the sum, and a 1x1 output conv when the hidden width differs."""
+
+    def __init__(self,
+                 in_channels: int,
+                 out_channels: int,
+                 num_blocks: int = 3,
+                 expansion: float = 1.0,
+                 act='silu') -> None:
+        super().__init__()
+        hidden = int(out_channels * expansion)
+        self.conv1 = ConvNormLayer(in_channels, hidden, 1, act=act)
+        self.conv2 = ConvNormLayer(in_channels, hidden, 1, act=act)
+        self.bottlenecks = nn.Sequential(
+            *[RepVggBlock(hidden, act=act) for _ in range(num_blocks)])
+        self.conv3 = (
+            ConvNormLayer(hidden, out_channels, 1, act=act)
+            if hidden != out_channels else nn.Identity())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv3(self.bottlenecks(self.conv1(x)) + self.conv2(x))
+
+
+class AIFILayer(nn.Module):
+    """Post-norm transformer encoder layer of the AIFI (intra-scale
+    interaction) module: self-attention with the position embedding added
+    to queries and keys, then an FFN."""
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 feedforward_channels: int,
+                 dropout: float = 0.0,
+                 act='gelu') -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(
+            embed_dims, num_heads, dropout, batch_first=True)
+        self.linear1 = nn.Linear(embed_dims, feedforward_channels)
+        self.dropout = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(feedforward_channels, embed_dims)
+        self.norm1 = nn.LayerNorm(embed_dims)
+        self.norm2 = nn.LayerNorm(embed_dims)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
+        self.activation = build_activation(act)
+
+    def forward(self, x: Tensor, pos_embed: Tensor) -> Tensor:
+        q = k = x + pos_embed
+        x = self.norm1(x + self.dropout1(self.self_attn(q, k, x)[0]))
+        ffn = self.linear2(self.dropout(self.activation(self.linear1(x))))
+        return self.norm2(x + self.dropout2(ffn))
+
+
+class AIFIEncoder(nn.Module):
+    """A stack of :class:`AIFILayer` (upstream ``TransformerEncoder``)."""
+
+    def __init__(self, num_layers: int, **layer_kwargs) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [AIFILayer(**layer_kwargs) for _ in range(num_layers)])
+
+    def forward(self, x: Tensor, pos_embed: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, pos_embed)
+        return x
+
+
+def sincos_pos_embed_2d(width: int, height: int, embed_dims: int,
+                        temperature: float) -> Tensor:
+    """Fixed 2D sin-cos position embedding, shape (1, width*height, dims).
+
+    Reproduces upstream's layout exactly, including its width-major token
+    order (``meshgrid(w, h, indexing='ij')``), which converted checkpoints
+    were trained with.
+    """
+    if embed_dims % 4:
+        raise ValueError(
+            'HybridEncoder hidden_dim must be divisible by 4 for the 2D '
+            f'sin-cos position embedding, but got {embed_dims}.')
+    grid_w, grid_h = torch.meshgrid(
+        torch.arange(width, dtype=torch.float32),
+        torch.arange(height, dtype=torch.float32),
+        indexing='ij')
+    pos_dim = embed_dims // 4
+    omega = 1. / temperature**(
+        torch.arange(pos_dim, dtype=torch.float32) / pos_dim)
+    out_w = grid_w.flatten()[:, None] * omega[None]
+    out_h = grid_h.flatten()[:, None] * omega[None]
+    return torch.cat(
+        [out_w.sin(), out_w.cos(),
+         out_h.sin(), out_h.cos()], dim=1)[None]
+
+
+class RTDETRDecoderLayer(nn.Module):
+    """RT-DETR decoder layer: post-norm self-attention over all queries
+    (dn mask applied), multi-scale deformable cross-attention on box
+    reference points, and a ReLU FFN. Names follow upstream's
+    ``TransformerDecoderLayer``; ``cross_attn`` is mmcv's
+    ``MultiScaleDeformableAttention``, whose parameters are upstream's."""
+
+    def __init__(self,
+                 embed_dims: int = 256,
+                 num_heads: int = 8,
+                 feedforward_channels: int = 1024,
+                 dropout: float = 0.0,
+                 num_levels: int = 3,
+                 num_points: int = 4) -> None:
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(
+            embed_dims, num_heads, dropout=dropout, batch_first=True)
+        self.dropout1 = nn.Dropout(dropout)
+        self.norm1 = nn.LayerNorm(embed_dims)
+        self.cross_attn = MultiScaleDeformableAttention(
+            embed_dims=embed_dims,
+            num_heads=num_heads,
+            num_levels=num_levels,
+            num_points=num_points,
+            dropout=dropout,
+            batch_first=True)
+        self.norm2 = nn.LayerNorm(embed_dims)
+        self.linear1 = nn.Linear(embed_dims, feedforward_channels)
+        self.dropout3 = nn.Dropout(dropout)
+        self.linear2 = nn.Linear(feedforward_channels, embed_dims)
+        self.dropout4 = nn.Dropout(dropout)
+        self.norm3 = nn.LayerNorm(embed_dims)
+
+    def forward(self,
+                query: Tensor,
+                query_pos: Tensor,
+                memory: Tensor,
+                reference_points: Tensor,
+                spatial_shapes: Tensor,
+                level_start_index: Tensor,
+                attn_mask=None) -> Tensor:
+        q = k = query + query_pos
+        attn = self.self_attn(q, k, query, attn_mask=attn_mask)[0]
+        query = self.norm1(query + self.dropout1(attn))
+        # mmcv adds query_pos to the query and the (dropped-out) output to
+        # the identity (the query without pos), as upstream does.
+        num_levels = spatial_shapes.size(0)
+        query = self.norm2(
+            self.cross_attn(
+                query=query,
+                value=memory,
+                query_pos=query_pos,
+                reference_points=reference_points[:, :, None].expand(
+                    -1, -1, num_levels, -1),
+                spatial_shapes=spatial_shapes,
+                level_start_index=level_start_index))
+        ffn = self.linear2(self.dropout3(F.relu(self.linear1(query))))
+        return self.norm3(query + self.dropout4(ffn))
+
+
+class RTDETRDecoder(nn.Module):
+    """Stack of :class:`RTDETRDecoderLayer` with iterative box refinement.
+
+    Layer ``i`` attends around the detached boxes of layer ``i - 1`` (the
+    selected encoder boxes for ``i = 0``), with the position embedding
+    ``query_pos_head(boxes)``, and refines them with ``reg_branches[i]``.
+    Returns every layer's output and the references the head adds its box
+    deltas to: the initial boxes, then each layer's refined boxes *not*
+    detached, so layer ``i``'s boxes get gradients through layer
+    ``i - 1``'s regression branch as in upstream's training mode.
+
+    Args:
+        num_layers (int): Number of decoder layers.
+        layer_cfg (dict): Keyword arguments of :class:`RTDETRDecoderLayer`.
+    """
+
+    def __init__(self, num_layers: int, layer_cfg: dict) -> None:
+        super().__init__()
+        self.num_layers = num_layers
+        self.layers = nn.ModuleList(
+            [RTDETRDecoderLayer(**layer_cfg) for _ in range(num_layers)])
+
+    def forward(self, query: Tensor, reference_points: Tensor, memory: Tensor,
+                spatial_shapes: Tensor, level_start_index: Tensor, attn_mask,
+                reg_branches, query_pos_head) -> tuple:
+        hidden_states, references = [], [reference_points]
+        boxes = reference_points
+        for layer, reg_branch in zip(self.layers, reg_branches):
+            query = layer(query, query_pos_head(boxes), memory, boxes,
+                          spatial_shapes, level_start_index, attn_mask)
+            refined = (reg_branch(query) + inverse_sigmoid(boxes)).sigmoid()
+            hidden_states.append(query)
+            references.append(refined)
+            boxes = refined.detach()
+        return torch.stack(hidden_states), references

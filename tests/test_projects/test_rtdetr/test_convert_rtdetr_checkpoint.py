@@ -1,0 +1,180 @@
+"""tools/convert_rtdetr_checkpoint.py on synthetic upstream checkpoints.
+
+``data/rtdetr_r18vd_v{1,2}_keys.json`` pin the key/shape layout of
+upstream's r18vd (lyuwenyu/RT-DETR ``rtdetr_pytorch`` and
+``rtdetrv2_pytorch``: PResNet-18-vd, HybridEncoder, RTDETRTransformer with
+3 decoder layers, 80 classes). v2 differs in the ``conv``/``norm`` names
+of the encoder input projections, ``proj``/``norm`` of ``enc_output`` and
+three derived buffers (anchors, valid mask, ``num_points_scale``).
+"""
+import importlib.util
+import json
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from .rtdetr_utils import R18VD_CONFIG, REPO_ROOT, import_project
+
+DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
+CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_rtdetr_checkpoint.py')
+
+
+def _load_converter():
+    """tools/ is no package: load the script as a module."""
+    spec = importlib.util.spec_from_file_location('convert_rtdetr_checkpoint',
+                                                  CONVERTER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+converter = _load_converter()
+ConversionError = converter.ConversionError
+convert_state_dict = converter.convert_state_dict
+select_state_dict = converter.select_state_dict
+
+
+def upstream_state_dict(version: int, seed: int = 0) -> dict:
+    """Random tensors with upstream's exact r18vd keys and shapes."""
+    with open(osp.join(DATA, f'rtdetr_r18vd_v{version}_keys.json')) as f:
+        layout = json.load(f)
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        key: (torch.randn(shape, generator=gen) if shape else torch.tensor(7))
+        for key, shape in layout.items()
+    }
+
+
+@pytest.fixture(scope='module')
+def r18vd_model():
+    import_project()
+    from mmdet.registry import MODELS
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    init_default_scope('mmdet')
+    return MODELS.build(Config.fromfile(R18VD_CONFIG).model)
+
+
+@pytest.mark.parametrize('version', [1, 2])
+def test_converted_checkpoint_loads_strictly(version, r18vd_model):
+    upstream = upstream_state_dict(version)
+    lines = []
+    converted = convert_state_dict(
+        upstream, r18vd_model.state_dict(), log=lines.append)
+    derived = 5 if version == 2 else 0  # anchors, valid_mask, 3 scales
+    assert sum(line.startswith('map ') for line in lines) == \
+        len(upstream) - derived
+    assert sum(line.startswith('skip ') for line in lines) == derived
+    result = r18vd_model.load_state_dict(converted, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    state = r18vd_model.state_dict()
+    pairs = {
+        'backbone.conv1.conv1_1.conv.weight': 'backbone.stem.0.weight',
+        'backbone.res_layers.0.blocks.0.short.conv.weight':
+        'backbone.layer1.0.downsample.1.weight',
+        'backbone.res_layers.2.blocks.0.short.conv.norm.running_var':
+        'backbone.layer3.0.downsample.2.running_var',
+        'encoder.encoder.0.layers.0.self_attn.in_proj_weight':
+        'neck.encoder.0.layers.0.self_attn.in_proj_weight',
+        'encoder.fpn_blocks.1.bottlenecks.2.conv2.norm.bias':
+        'neck.fpn_blocks.1.bottlenecks.2.conv2.norm.bias',
+        'decoder.decoder.layers.2.cross_attn.sampling_offsets.weight':
+        'decoder.layers.2.cross_attn.sampling_offsets.weight',
+        'decoder.denoising_class_embed.weight':
+        'dn_query_generator.label_embedding.weight',
+        'decoder.enc_score_head.bias': 'bbox_head.cls_branches.3.bias',
+        'decoder.enc_bbox_head.layers.2.weight':
+        'bbox_head.reg_branches.3.4.weight',
+        'decoder.dec_bbox_head.1.layers.1.bias':
+        'bbox_head.reg_branches.1.2.bias',
+    }
+    for upstream_key, our_key in pairs.items():
+        assert torch.equal(state[our_key], upstream[upstream_key]), our_key
+    proj = 'proj' if version == 2 else '0'
+    assert torch.equal(state['enc_output.0.weight'],
+                       upstream[f'decoder.enc_output.{proj}.weight'])
+
+
+def test_unknown_and_misshaped_keys_fail_loudly(r18vd_model):
+    reference = r18vd_model.state_dict()
+    upstream = upstream_state_dict(1)
+    upstream['decoder.some_new_head.weight'] = torch.zeros(3)
+    with pytest.raises(
+            ConversionError,
+            match='unmapped upstream key: '
+            'decoder.some_new_head.weight'):
+        convert_state_dict(upstream, reference, log=lambda line: None)
+
+    upstream = upstream_state_dict(1)
+    upstream['decoder.enc_score_head.weight'] = torch.zeros(91, 256)
+    with pytest.raises(
+            ConversionError,
+            match='shape mismatch: '
+            r'bbox_head.cls_branches.3.weight .*\(91, 256\)'):
+        convert_state_dict(upstream, reference, log=lambda line: None)
+
+    upstream = upstream_state_dict(1)
+    upstream['encoder.pan_blocks.0.bottlenecks.1.conv.weight'] = \
+        torch.zeros(128, 128, 3, 3)
+    with pytest.raises(ConversionError, match='deploy form'):
+        convert_state_dict(upstream, log=lambda line: None)
+
+    upstream = upstream_state_dict(1)
+    del upstream['decoder.query_pos_head.layers.1.bias']
+    with pytest.raises(
+            ConversionError,
+            match='model key missing from the '
+            'checkpoint: query_pos_head.layers.1.bias'):
+        convert_state_dict(upstream, reference, log=lambda line: None)
+
+
+def test_ema_weights_are_preferred_and_frozen_bn_is_filled():
+    model = upstream_state_dict(1, seed=1)
+    ema = upstream_state_dict(1, seed=2)
+    weights, source = select_state_dict({
+        'model': model,
+        'ema': {
+            'module': ema,
+            'updates': 5
+        }
+    })
+    assert source == 'ema.module' and weights is ema
+    # freeze_norm=True checkpoints (r50vd) have no num_batches_tracked
+    frozen = {
+        k: v
+        for k, v in ema.items() if not k.endswith('num_batches_tracked')
+    }
+    converted = convert_state_dict(frozen, log=lambda line: None)
+    assert converted['backbone.stem.1.num_batches_tracked'].item() == 0
+    assert len(converted) == len(ema)
+
+
+def test_cli_exit_codes(tmp_path):
+    good = upstream_state_dict(2)
+    torch.save({'model': good}, tmp_path / 'good.pth')
+    bad = dict(good, **{'decoder.extra.weight': torch.zeros(2)})
+    torch.save({'model': bad}, tmp_path / 'bad.pth')
+
+    def run(name):
+        return subprocess.run([
+            sys.executable, CONVERTER,
+            str(tmp_path / name),
+            str(tmp_path / f'{name}.out')
+        ],
+                              capture_output=True,
+                              text=True,
+                              timeout=60)
+
+    ok = run('good.pth')
+    assert ok.returncode == 0, ok.stderr
+    assert 'map   decoder.dec_score_head.0.weight -> ' \
+        'bbox_head.cls_branches.0.weight (80, 256)' in ok.stdout
+    saved = torch.load(tmp_path / 'good.pth.out', weights_only=True)
+    assert len(saved['state_dict']) == len(good) - 5
+    failed = run('bad.pth')
+    assert failed.returncode == 1
+    assert 'unmapped upstream key: decoder.extra.weight' in failed.stderr
+    assert not osp.exists(tmp_path / 'bad.pth.out')
