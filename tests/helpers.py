@@ -3,7 +3,7 @@ import glob
 import os.path as osp
 import re
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from mmddp_ext.testing import free_port, run_command
 
@@ -94,3 +94,26 @@ def build_runner(work_dir: str, data_root: str, iters: int,
     cfg.work_dir = work_dir
     cfg.launcher = launcher
     return RUNNERS.build(cfg)
+
+
+def finetune_map(config: str, data_root: str, iters: int,
+                 work_dir: str) -> Tuple[float, float]:
+    """COCO bbox mAP (pycocotools, ``Runner.val``) of ``config``'s model
+    untrained, then after ``iters`` single-process training iterations on
+    ``data_root``; returns both. Call it after importing the project."""
+    from mmengine.config import Config
+    from mmengine.registry import RUNNERS
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict(data_overrides(data_root))
+    cfg.merge_from_dict(tiny_overrides(iters))
+    cfg.merge_from_dict({
+        'default_hooks.logger.interval': 50,
+        'default_hooks.checkpoint': None,
+    })
+    cfg.work_dir = work_dir
+    cfg.launcher = 'none'
+    runner = RUNNERS.build(cfg)
+    untrained = runner.val()['coco/bbox_mAP']
+    runner.train()
+    trained = runner.val()['coco/bbox_mAP']
+    return untrained, trained

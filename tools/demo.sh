@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The demo: set up (if needed), generate a ~50%-empty COCO-format dataset,
-# train the tiny detector on 2 ranks with tools/dist_train.sh (gloo on CPU
-# when there is no GPU), evaluate COCO bbox mAP, print a summary.
+# train tiny CO-DINO (every branch: DINO query head with denoising, ATSS
+# and RPN + RoI auxiliary heads) on 2 ranks with tools/dist_train.sh (gloo
+# on CPU when there is no GPU), evaluate COCO bbox mAP, print a summary.
 #
 #   bash tools/demo.sh [NPROC] [CONFIG]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 NPROC="${1:-2}"
-CONFIG="${2:-configs/dino_tiny_ddp_safe.py}"
+CONFIG="${2:-configs/co_dino_tiny.py}"
 WORK_DIR="work_dirs/demo"
 PY="${PYTHON:-python3}"
 

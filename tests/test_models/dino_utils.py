@@ -140,3 +140,38 @@ def global_relative_error(grads: Dict, reference: Dict) -> float:
                        for k, ref in reference.items())
     squared_ref = sum(ref.double().norm()**2 for ref in reference.values())
     return (squared_diff / squared_ref).sqrt().item()
+
+
+def counting_all_reduce(calls: list):
+    """``(real, counting)``: ``counting`` is a ``dist.all_reduce`` that
+    records each call's tensor shape in ``calls`` and then runs ``real``.
+    Install it with ``dist.all_reduce = counting`` and restore ``real``."""
+    import torch.distributed as dist
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):
+        calls.append(tuple(tensor.shape))
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    return real_all_reduce, all_reduce
+
+
+def drop_dn_padding_of_gt_less_images(head) -> None:
+    """Zero the dn label weights of images without GT, on ``head``.
+
+    mmdet's DINOHead trains the zero-padding dn queries of a GT-less image
+    as background (weight 1) when another image of its batch has GT. Under
+    DDP, the same image on a GT-less rank has no dn part at all (stock) or
+    the zero-weight dummy (ours). That term depends on how images are
+    batched, not on DDP, so single-process references drop it.
+    """
+    upstream_targets = head._get_dn_targets_single
+
+    def targets(gt_instances, img_meta, dn_meta):
+        labels, label_weights, *rest = upstream_targets(
+            gt_instances, img_meta, dn_meta)
+        if len(gt_instances) == 0:
+            label_weights = torch.zeros_like(label_weights)
+        return (labels, label_weights, *rest)
+
+    head._get_dn_targets_single = targets

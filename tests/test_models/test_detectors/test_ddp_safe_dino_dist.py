@@ -10,12 +10,12 @@ the ranks reported.
 import os.path as osp
 
 import pytest
-import torch
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
-from ..dino_utils import (build_model, global_relative_error, loss_and_grads,
-                          loss_values, raw_batch, relative_errors,
-                          tiny_dino_cfg)
+from ..dino_utils import (build_model, counting_all_reduce,
+                          drop_dn_padding_of_gt_less_images,
+                          global_relative_error, loss_and_grads, loss_values,
+                          raw_batch, relative_errors, tiny_dino_cfg)
 
 REPO_ROOT = osp.dirname(
     osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
@@ -107,18 +107,6 @@ def tiny_overrides(data_root: str) -> dict:
     }
 
 
-def _counting_all_reduce(calls):
-    """``dist.all_reduce`` that records each call's shape, then runs it."""
-    import torch.distributed as dist
-    real_all_reduce = dist.all_reduce
-
-    def all_reduce(tensor, *args, **kwargs):
-        calls.append(tuple(tensor.shape))
-        return real_all_reduce(tensor, *args, **kwargs)
-
-    return real_all_reduce, all_reduce
-
-
 def _ddp_steps(gt_counts):
     """Two forward/backward passes of this rank's fixed batch under plain
     DDP; reports the first pass. The second pass makes DDP's reducer check
@@ -130,7 +118,7 @@ def _ddp_steps(gt_counts):
     ddp = DistributedDataParallel(model, find_unused_parameters=False)
     batch = raw_batch(gt_counts[rank], first_index=2 * rank)
     calls = []
-    real_all_reduce, dist.all_reduce = _counting_all_reduce(calls)
+    real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
     try:
         losses, grads = loss_and_grads(model, batch, forward=ddp)
         first_pass_calls = list(calls)
@@ -225,27 +213,6 @@ def test_same_loss_keys_collectives_and_gradients_on_every_rank(dist_run):
     assert 'dn_loss_cls' in steps[0]['loss_keys']
 
 
-def _drop_dn_padding_of_gt_less_images(head):
-    """Zero the dn label weights of images without GT.
-
-    mmdet's DINOHead trains the zero-padding dn queries of a GT-less image
-    as background (weight 1) when another image of its batch has GT. Under
-    DDP, the same image on a GT-less rank has no dn part at all (stock) or
-    the zero-weight dummy (ours). That term depends on how images are
-    batched, not on DDP, so the single-process reference drops it.
-    """
-    upstream_targets = head._get_dn_targets_single
-
-    def targets(gt_instances, img_meta, dn_meta):
-        labels, label_weights, *rest = upstream_targets(
-            gt_instances, img_meta, dn_meta)
-        if len(gt_instances) == 0:
-            label_weights = torch.zeros_like(label_weights)
-        return (labels, label_weights, *rest)
-
-    head._get_dn_targets_single = targets
-
-
 def test_ddp_gradient_equals_single_process(dist_run):
     """One DDP step equals one single-process step over the concatenated
     batch (fp32).
@@ -258,7 +225,7 @@ def test_ddp_gradient_equals_single_process(dist_run):
     single-process gradient of the whole batch, whose ``A`` is N. BN runs
     on its running statistics and the dn noise is off
     (``deterministic=True``) so each image's loss does not depend on its
-    batch; see ``_drop_dn_padding_of_gt_less_images`` for the one
+    batch; see ``drop_dn_padding_of_gt_less_images`` for the one
     batching-dependent dn term. Loss values are per rank and are not
     compared; the gradients are, as a whole (relative 1e-6) and per
     tensor (1e-5: tiny BN-bias gradients are cancelling sums).
@@ -266,7 +233,7 @@ def test_ddp_gradient_equals_single_process(dist_run):
     world_size, results = dist_run
     reference_model = build_model(
         tiny_dino_cfg(ddp_safe=True, deterministic=True))
-    _drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
+    drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
     all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
     _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
 

@@ -13,10 +13,10 @@ import pytest
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
 from ...helpers import data_options, dist_train, rank0_log, tiny_options
-from ...test_models.dino_utils import (global_relative_error, loss_and_grads,
+from ...test_models.dino_utils import (counting_all_reduce,
+                                       drop_dn_padding_of_gt_less_images,
+                                       global_relative_error, loss_and_grads,
                                        loss_values, raw_batch, relative_errors)
-from ...test_models.test_detectors.test_ddp_safe_dino_dist import \
-    _drop_dn_padding_of_gt_less_images
 from .rtdetr_utils import TINY_CONFIG, build_tiny
 
 EMPTY_RANK = 1
@@ -29,18 +29,6 @@ TRAIN_ITERS = 3
 NUM_DECODER_LAYERS = 2
 
 
-def _counting_all_reduce(calls):
-    """``dist.all_reduce`` that records each call's shape, then runs it."""
-    import torch.distributed as dist
-    real_all_reduce = dist.all_reduce
-
-    def all_reduce(tensor, *args, **kwargs):
-        calls.append(tuple(tensor.shape))
-        return real_all_reduce(tensor, *args, **kwargs)
-
-    return real_all_reduce, all_reduce
-
-
 def _ddp_steps(gt_counts):
     """Two DDP passes of this rank's fixed batch; reports the first. The
     second makes DDP's reducer check that every parameter was reduced."""
@@ -51,7 +39,7 @@ def _ddp_steps(gt_counts):
     ddp = DistributedDataParallel(model, find_unused_parameters=False)
     batch = raw_batch(gt_counts[rank], first_index=2 * rank)
     calls = []
-    real_all_reduce, dist.all_reduce = _counting_all_reduce(calls)
+    real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
     try:
         losses, grads = loss_and_grads(model, batch, forward=ddp)
         first_pass_calls = list(calls)
@@ -121,7 +109,7 @@ def test_ddp_gradient_equals_single_process(dist_run):
     """
     world_size, steps, _, _ = dist_run
     reference_model = build_tiny(deterministic=True)
-    _drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
+    drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
     all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
     _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
     grads = steps[0]['grads']
