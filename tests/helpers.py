@@ -1,5 +1,6 @@
 """Shared bits for tests that launch real training runs."""
 import glob
+import os
 import os.path as osp
 import re
 import sys
@@ -113,7 +114,15 @@ def finetune_map(config: str, data_root: str, iters: int,
     cfg.work_dir = work_dir
     cfg.launcher = 'none'
     runner = RUNNERS.build(cfg)
-    untrained = runner.val()['coco/bbox_mAP']
-    runner.train()
-    trained = runner.val()['coco/bbox_mAP']
+    # One process: let it use every core (the suite defaults to one
+    # thread per process, for the multi-rank tests).
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        untrained = runner.val()['coco/bbox_mAP']
+        runner.train()
+        trained = runner.val()['coco/bbox_mAP']
+    finally:
+        torch.set_num_threads(threads)
     return untrained, trained

@@ -205,8 +205,11 @@ class CoDINOHead(DDPSafeDINOHead):
         for feat in mlvl_feats:
             batch_size, channels, height, width = feat.shape
             end = start + height * width
-            feature_maps.append(memory[:, start:end].permute(0, 2, 1).reshape(
-                batch_size, channels, height, width))
+            # Contiguous, as upstream: mmcv's CPU RoIAlign indexes the raw
+            # buffer as NCHW and would read other positions of a view.
+            level = memory[:, start:end].permute(0, 2, 1).contiguous()
+            feature_maps.append(
+                level.reshape(batch_size, channels, height, width))
             start = end
         feature_maps.append(self.downsample(feature_maps[-1]))
         all_classes, all_coords = self._predictions(states, references)

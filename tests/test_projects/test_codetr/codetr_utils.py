@@ -10,6 +10,8 @@ KEYS_FILE = osp.join(
     osp.dirname(osp.abspath(__file__)), 'co_dino_5scale_r50_keys.txt')
 # Far below half an ulp of any box coordinate: dn queries equal their GT.
 NO_NOISE = 1e-20
+# A sampler quota above any anchor or proposal count: sample everything.
+SAMPLE_ALL = 10**6
 
 
 def import_project():
@@ -25,13 +27,18 @@ def tiny_model_cfg(deterministic: bool = False):
     """The tiny CO-DINO model (configs/_base_/models/co_dino_tiny.py).
 
     Args:
-        deterministic (bool): Make each image's loss independent of the
-            rest of its batch and of the random state, so that DDP can be
-            compared with one process: BN on running statistics, noise-free
-            dn queries, the ATSS auxiliary branch with zero-weight, masked
-            padding of its query groups, and no RPN/RoI branch (mmdet's
-            RPNHead and StandardRoIHead draw random samples and normalise
-            their losses per rank, not over all ranks).
+        deterministic (bool): Make each image's loss terms independent of
+            the rest of its batch and of the random state, so that DDP can
+            be compared with one process: BN on running statistics,
+            noise-free dn queries, zero-weight masked padding of the
+            auxiliary query groups, and RPN/RoI samplers that keep every
+            assigned anchor/proposal (a ``RandomSampler`` whose quota
+            exceeds any count never draws; ``PseudoSampler`` would divide
+            by the positive count, 0 on the GT-less rank) with no GT boxes
+            added as proposals (they would change the per-image RoI count
+            that bounds the RoI positive group by the rest of the batch).
+            The RPN/RoI losses stay normalised per rank as in mmdet; see
+            ``test_codetr_dist.py`` for how the reference reproduces that.
     """
     from mmengine.config import Config
     cfg = Config.fromfile(TINY_CONFIG).model
@@ -40,11 +47,10 @@ def tiny_model_cfg(deterministic: bool = False):
         cfg.query_head.dn_cfg.label_noise_scale = NO_NOISE
         cfg.query_head.dn_cfg.box_noise_scale = NO_NOISE
         cfg.query_head.use_zero_padding = True
-        cfg.query_head.transformer.num_co_heads = 1
-        cfg.rpn_head = None
-        cfg.roi_head = []
-        cfg.train_cfg = [cfg.train_cfg[0], cfg.train_cfg[2]]
-        cfg.test_cfg = [cfg.test_cfg[0], cfg.test_cfg[2]]
+        two_stage = cfg.train_cfg[1]
+        for part in (two_stage.rpn, two_stage.rcnn):
+            part.sampler.num = SAMPLE_ALL
+            part.sampler.add_gt_as_proposals = False
     return cfg
 
 
