@@ -32,6 +32,8 @@ def test_tiny_dino_trains_on_cpu_ranks(synthetic_root, tmp_path, nproc):
     ckpt = load_checkpoint_file(ckpt_path)
     assert ckpt['meta']['iter'] == 3
 
+    if nproc == 3:
+        return  # evaluation on 2 ranks is enough (suite time budget)
     # The same ranks evaluate it with tools/dist_test.sh: pycocotools mAP.
     preds = str(tmp_path / 'preds.pkl')
     cmd = ['bash', osp.join(REPO_ROOT, 'tools', 'dist_test.sh'), TINY_CONFIG,
