@@ -28,6 +28,9 @@ import torch.multiprocessing as mp
 
 LOG_TAIL_CHARS = 6000
 FAILURE_GRACE_S = 10
+# Upper bound on how long a finished rank waits for its peers to report,
+# in case the parent is gone; the parent's own timeout normally ends it.
+PEER_WAIT_LIMIT_S = 900
 # Ranks fork from a multiprocessing fork server that imported these once:
 # a fresh interpreter spends about 10 s of CPU importing them on a small
 # machine, for every rank of every run. Importing starts no threads and no
@@ -129,9 +132,16 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
     with open(result_path + '.tmp', 'wb') as f:
         pickle.dump(outcome, f)
     os.replace(result_path + '.tmp', result_path)
+    log.flush()
+    # Stay up until every peer has reported (the parent kills stragglers at
+    # its deadline): rank 0 hosts the rendezvous store, and a rank that
+    # exits early breaks peers still setting up their gloo connections.
+    peers = [osp.join(log_dir, f'rank{r}.result') for r in range(world_size)]
+    deadline = time.monotonic() + PEER_WAIT_LIMIT_S
+    while time.monotonic() < deadline and not all(map(osp.exists, peers)):
+        time.sleep(0.1)
     # Skip the process-group teardown: a peer that failed could make
     # destroy_process_group block, and the parent already has the result.
-    log.flush()
     os._exit(0)
 
 

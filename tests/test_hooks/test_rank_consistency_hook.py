@@ -323,9 +323,10 @@ def test_same_model_hangs_without_the_hook(tmp_path, synthetic_root):
             _train,
             2,
             args=(str(tmp_path), synthetic_root, 3, overrides),
-            timeout=30)
+            timeout=25)
     message = str(info.value)
-    assert 'timed out after 30s' in message.splitlines()[0]
+    assert 'timed out after 25s' in message.splitlines()[0]
+    assert 'torch.meshgrid' in message  # the ranks got to a forward pass
     assert 'loss_aux' not in message  # nothing points at the cause
 
 

@@ -9,7 +9,8 @@ import os.path as osp
 import pytest
 
 from mmddp_ext.testing import make_synthetic_coco
-from ...helpers import as_cli, data_overrides, dist_train, tiny_overrides
+from ...helpers import (as_cli, data_overrides, dist_train, logged_iters,
+                        tiny_overrides)
 from .codetr_utils import TINY_CONFIG
 
 ITERS = 3
@@ -51,6 +52,9 @@ def test_extended_head_with_encoder_checkpointing_trains(tmp_path, nproc):
     result = dist_train(
         str(config), nproc, work_dir, as_cli(overrides), timeout=150)
     out = result.stdout
+    # The launch itself (tests/test_tools runs tiny DINO on 2 ranks only).
+    assert f'gloo process group, rank 0/{nproc}' in out
+    assert logged_iters(out) == list(range(1, ITERS + 1))
     assert 'AutoDDP:' in out and 'query_head.unused_scale' in out
     assert 'CheckpointConflictHook: checked 1 checkpointing module' in out \
         or 'non-reentrant in 1 module(s): query_head.transformer.encoder' \
