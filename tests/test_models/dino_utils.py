@@ -44,9 +44,10 @@ def tiny_dino_cfg(ddp_safe: bool = True,
 
 def build_model(cfg, seed: int = 0) -> torch.nn.Module:
     """Build and initialise ``cfg`` from a fixed seed, in train mode."""
-    import mmddp_ext  # noqa: F401  (registers the DDP-safe models)
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
+
+    import mmddp_ext  # noqa: F401  (registers the DDP-safe models)
     register_all_modules()
     torch.manual_seed(seed)
     model = MODELS.build(cfg)
@@ -175,3 +176,38 @@ def drop_dn_padding_of_gt_less_images(head) -> None:
         return (labels, label_weights, *rest)
 
     head._get_dn_targets_single = targets
+
+
+def ddp_step_report(model: torch.nn.Module,
+                    batch: Dict,
+                    passes: int = 2) -> Dict:
+    """``passes`` forward/backward passes of ``batch`` through
+    ``DistributedDataParallel(model, find_unused_parameters=False)``
+    (call it on every rank). Later passes make DDP's reducer check that
+    every parameter was reduced in the first.
+
+    Returns:
+        dict: of the first pass, ``loss_keys``, ``loss_values``, the shape
+        of every ``dist.all_reduce`` (``all_reduce_calls``),
+        ``missing_grads`` (parameters without a gradient),
+        ``grad_checksum`` and ``grads``.
+    """
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    ddp = DistributedDataParallel(model, find_unused_parameters=False)
+    calls = []
+    real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
+    try:
+        losses, grads = loss_and_grads(model, batch, forward=ddp)
+        first_pass_calls = list(calls)
+        for _ in range(passes - 1):
+            loss_and_grads(model, batch, forward=ddp)
+    finally:
+        dist.all_reduce = real_all_reduce
+    return dict(
+        loss_keys=list(losses),
+        loss_values=loss_values(losses),
+        all_reduce_calls=first_pass_calls,
+        missing_grads=[name for name, g in grads.items() if g is None],
+        grad_checksum=sum(g.double().sum().item() for g in grads.values()),
+        grads=grads)

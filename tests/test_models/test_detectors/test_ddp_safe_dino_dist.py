@@ -12,10 +12,10 @@ import os.path as osp
 import pytest
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
-from ..dino_utils import (build_model, counting_all_reduce,
+from ..dino_utils import (build_model, ddp_step_report,
                           drop_dn_padding_of_gt_less_images,
-                          global_relative_error, loss_and_grads, loss_values,
-                          raw_batch, relative_errors, tiny_dino_cfg)
+                          global_relative_error, loss_and_grads, raw_batch,
+                          relative_errors, tiny_dino_cfg)
 
 REPO_ROOT = osp.dirname(
     osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
@@ -107,33 +107,6 @@ def tiny_overrides(data_root: str) -> dict:
     }
 
 
-def _ddp_steps(gt_counts):
-    """Two forward/backward passes of this rank's fixed batch under plain
-    DDP; reports the first pass. The second pass makes DDP's reducer check
-    that every parameter was reduced in the first."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    rank = dist.get_rank()
-    model = build_model(tiny_dino_cfg(ddp_safe=True, deterministic=True))
-    ddp = DistributedDataParallel(model, find_unused_parameters=False)
-    batch = raw_batch(gt_counts[rank], first_index=2 * rank)
-    calls = []
-    real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
-    try:
-        losses, grads = loss_and_grads(model, batch, forward=ddp)
-        first_pass_calls = list(calls)
-        loss_and_grads(model, batch, forward=ddp)
-    finally:
-        dist.all_reduce = real_all_reduce
-    return dict(
-        loss_keys=list(losses),
-        loss_values=loss_values(losses),
-        all_reduce_calls=first_pass_calls,
-        missing_grads=[name for name, g in grads.items() if g is None],
-        grad_checksum=sum(g.double().sum().item() for g in grads.values()),
-        grads=grads if rank == 0 else None)
-
-
 class _GtCountRecorder:
     """Hook mixin: GT boxes per image of every training batch."""
 
@@ -169,6 +142,19 @@ def _train_opt_in_config(config_path, data_root, work_dir):
         gt_counts=recorder.gt_counts,
         model=type(runner.model.module).__name__,
         find_unused=runner.model.find_unused_parameters)
+
+
+def _ddp_steps(gt_counts):
+    """Two plain-DDP passes of this rank's fixed batch (see
+    ``ddp_step_report``); only rank 0 keeps its gradients."""
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    model = build_model(tiny_dino_cfg(ddp_safe=True, deterministic=True))
+    report = ddp_step_report(model,
+                             raw_batch(gt_counts[rank], first_index=2 * rank))
+    if rank != 0:
+        report['grads'] = None
+    return report
 
 
 def _rank_main(gt_counts, config_path, data_root, work_dir):

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from mmddp_ext.testing import run_on_ranks
-from ...test_models.dino_utils import (counting_all_reduce,
+from ...test_models.dino_utils import (ddp_step_report,
                                        drop_dn_padding_of_gt_less_images,
                                        global_relative_error, loss_and_grads,
-                                       loss_values, raw_batch, relative_errors)
+                                       raw_batch, relative_errors)
 from .codetr_utils import build_tiny, tiny_model_cfg
 
 # Per rank, the GT count of each of its 2 images; rank 1 has none. Every
@@ -25,41 +25,17 @@ NUM_DEC_LAYERS = 2
 NUM_AUX_HEADS = 2
 
 
-def _ddp_steps(model, batch, passes):
-    """``passes`` DDP forward/backward passes; reports the first one, with
-    the shape of every ``dist.all_reduce`` it issued. Later passes make
-    DDP's reducer check that every parameter was reduced."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-    ddp = DistributedDataParallel(model, find_unused_parameters=False)
-    calls = []
-    real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
-    try:
-        losses, grads = loss_and_grads(model, batch, forward=ddp)
-        first_calls = list(calls)
-        for _ in range(passes - 1):
-            loss_and_grads(model, batch, forward=ddp)
-    finally:
-        dist.all_reduce = real_all_reduce
-    return losses, grads, first_calls
-
-
 def _rank_main(gt_counts):
     import torch.distributed as dist
     torch.set_num_threads(1)
     rank = dist.get_rank()
     batch = raw_batch(gt_counts[rank], first_index=2 * rank)
-    losses, grads, calls = _ddp_steps(
-        build_tiny(tiny_model_cfg()), batch, passes=2)
-    _, det_grads, _ = _ddp_steps(
+    report = ddp_step_report(build_tiny(tiny_model_cfg()), batch, passes=2)
+    deterministic = ddp_step_report(
         build_tiny(tiny_model_cfg(deterministic=True)), batch, passes=1)
-    return dict(
-        loss_keys=list(losses),
-        loss_values=loss_values(losses),
-        all_reduce_calls=calls,
-        missing_grads=[name for name, g in grads.items() if g is None],
-        grad_checksum=sum(g.double().sum().item() for g in grads.values()),
-        det_grads=det_grads if rank == 0 else None)
+    report['grads'] = None
+    report['det_grads'] = deterministic['grads'] if rank == 0 else None
+    return report
 
 
 @pytest.fixture(scope='module', params=[2, 3], ids=['2ranks', '3ranks'])

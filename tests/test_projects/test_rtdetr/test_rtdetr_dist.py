@@ -13,10 +13,10 @@ import pytest
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
 from ...helpers import data_options, dist_train, rank0_log, tiny_options
-from ...test_models.dino_utils import (counting_all_reduce,
+from ...test_models.dino_utils import (ddp_step_report,
                                        drop_dn_padding_of_gt_less_images,
                                        global_relative_error, loss_and_grads,
-                                       loss_values, raw_batch, relative_errors)
+                                       raw_batch, relative_errors)
 from .rtdetr_utils import TINY_CONFIG, build_tiny
 
 EMPTY_RANK = 1
@@ -30,29 +30,16 @@ NUM_DECODER_LAYERS = 2
 
 
 def _ddp_steps(gt_counts):
-    """Two DDP passes of this rank's fixed batch; reports the first. The
-    second makes DDP's reducer check that every parameter was reduced."""
+    """Two plain-DDP passes of this rank's fixed batch (see
+    ``ddp_step_report``); only rank 0 keeps its gradients."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
     rank = dist.get_rank()
-    model = build_tiny(deterministic=True)
-    ddp = DistributedDataParallel(model, find_unused_parameters=False)
-    batch = raw_batch(gt_counts[rank], first_index=2 * rank)
-    calls = []
-    real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
-    try:
-        losses, grads = loss_and_grads(model, batch, forward=ddp)
-        first_pass_calls = list(calls)
-        loss_and_grads(model, batch, forward=ddp)
-    finally:
-        dist.all_reduce = real_all_reduce
-    return dict(
-        loss_keys=list(losses),
-        loss_values=loss_values(losses),
-        all_reduce_calls=first_pass_calls,
-        missing_grads=[name for name, g in grads.items() if g is None],
-        grad_checksum=sum(g.double().sum().item() for g in grads.values()),
-        grads=grads if rank == 0 else None)
+    report = ddp_step_report(
+        build_tiny(deterministic=True),
+        raw_batch(gt_counts[rank], first_index=2 * rank))
+    if rank != 0:
+        report['grads'] = None
+    return report
 
 
 @pytest.fixture(scope='module', params=[2, 3], ids=['2ranks', '3ranks'])
