@@ -49,6 +49,12 @@ def parse_args(argv=None):
         metavar='PATH',
         help='allow this checkpoint to load with weights_only=False when '
         'the safe load refuses it (a legacy file you trust); repeatable')
+    return parse_launch_args(parser, argv)
+
+
+def parse_launch_args(parser: argparse.ArgumentParser, argv=None):
+    """Add the arguments train.py and test.py share (--cfg-options,
+    --launcher, --local-rank), parse ``argv`` and export LOCAL_RANK."""
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -79,22 +85,28 @@ class _DictAction(argparse.Action):
                                                    option_string)
 
 
-def build_cfg(args):
+def load_cfg(args, tool: str = 'train.py'):
+    """The config of ``args.config`` with --launcher, --cfg-options and
+    --work-dir applied (default ``./work_dirs/<config name>``)."""
     from mmengine.config import Config
     if not osp.isfile(args.config):
-        raise SystemExit(f'train.py: config file {args.config!r} does not '
+        raise SystemExit(f'{tool}: config file {args.config!r} does not '
                          'exist (paths are relative to the current '
                          'directory).')
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
-
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
+    return cfg
+
+
+def build_cfg(args):
+    cfg = load_cfg(args)
 
     if args.amp:
         if cfg.optim_wrapper.get('type', 'OptimWrapper') == 'AmpOptimWrapper':
@@ -124,8 +136,12 @@ def build_cfg(args):
     return cfg
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def run(build_cfg_fn, args, mode: str = 'train',
+        splits=('train', 'val', 'test'), prepare=None) -> None:
+    """Build the config with ``build_cfg_fn(args)``, check the launch
+    set-up and the annotation files of ``splits``, build the runner, call
+    ``prepare(runner)`` if given, then ``runner.train()`` or
+    ``runner.test()`` (``mode``), and tear the process group down."""
     import mmddp_ext  # noqa: F401  (registers runner, hooks, wrappers)
     from mmddp_ext.utils import check_config_annotations
     from mmddp_ext.utils.dist_env import check_launch_environment
@@ -133,17 +149,23 @@ def main(argv=None):
     from mmengine.registry import RUNNERS
 
     setup_cache_size_limit_of_dynamo()
-    cfg = build_cfg(args)
+    cfg = build_cfg_fn(args)
     check_launch_environment(args.launcher)
-    check_config_annotations(cfg)
+    check_config_annotations(cfg, splits=splits)
     runner = RUNNERS.build(cfg)
-    runner.train()
+    if prepare is not None:
+        prepare(runner)
+    getattr(runner, mode)()
     # Tear the process group down in step: a rank that exits while a peer
     # still holds its connections can make the peer abort at exit.
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def main(argv=None):
+    run(build_cfg, parse_args(argv))
 
 
 if __name__ == '__main__':
