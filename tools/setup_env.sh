@@ -74,7 +74,7 @@ if "$PY" -c 'import mmcv, mmcv.ops' 2>/dev/null; then
     say "mmcv $("$PY" -c 'import mmcv; print(mmcv.__version__)') with ops present"
 else
     say "installing mmcv==$(pinned mmcv) with ops (a wheel if one exists, else"
-    say "  built from the sdist: about 6 minutes on 2 cores the first time,"
+    say "  built from the sdist: 6 to 50 minutes on 2 cores the first time,"
     say "  cached by pip afterwards)"
     MMCV_WITH_OPS=1 "${PIP[@]}" --no-build-isolation "mmcv==$(pinned mmcv)"
 fi
