@@ -29,6 +29,7 @@ modules at the time of the call. That covers inherited ``forward`` methods,
 forwards replaced on the instance and helpers called from ``forward``,
 and it records only checkpointing that really runs.
 """
+import inspect
 import sys
 from typing import Callable, Dict, Iterable, Optional, Set
 
@@ -69,8 +70,8 @@ def _site_of_call() -> Optional[str]:
 def _decide(use_reentrant: Optional[bool]):
     """What a checkpoint call runs with: the ``use_reentrant`` to pass on,
     or ``_RUN_PLAIN`` to run without checkpointing."""
-    site = _site_of_call() if _State.recording or (_State.policy
-                                                   == 'error') else None
+    wants_site = _State.recording or _State.policy == 'error'
+    site = _site_of_call() if wants_site else None
     if _State.recording and site is not None:
         _State.calls.setdefault(site, set()).add(use_reentrant)
     if (_State.policy is None or use_reentrant is not None
@@ -81,10 +82,14 @@ def _decide(use_reentrant: Optional[bool]):
     return _RUN_PLAIN if _State.policy == 'disable' else False
 
 
-# Keyword arguments that configure torch's checkpoint rather than the
-# checkpointed function ('preserve_rng_state' is read from **kwargs).
-_CHECKPOINT_OPTIONS = ('preserve_rng_state', 'context_fn', 'determinism_check',
-                       'debug', 'early_stop')
+def _checkpoint_options() -> Set[str]:
+    """Keyword arguments that configure torch's checkpoint rather than the
+    checkpointed function: its keyword-only parameters, and
+    ``preserve_rng_state``, which it reads from ``**kwargs``."""
+    params = inspect.signature(_originals['checkpoint']).parameters.values()
+    return {p.name
+            for p in params
+            if p.kind is p.KEYWORD_ONLY} | {'preserve_rng_state'}
 
 
 def checkpoint(function,
@@ -94,7 +99,7 @@ def checkpoint(function,
     """``torch.utils.checkpoint.checkpoint`` under the current policy."""
     decided = _decide(use_reentrant)
     if decided is _RUN_PLAIN:
-        for option in _CHECKPOINT_OPTIONS:
+        for option in _checkpoint_options():
             kwargs.pop(option, None)
         return function(*args, **kwargs)
     return _originals['checkpoint'](
