@@ -268,6 +268,8 @@ def _build_case(case, with_cp):
             drop_path_rate=0.)
     elif case == 'checkpoint_sequential':
         backbone = SequentialStage(with_cp)
+    elif case == 'checkpoint_sequential_on_rank_1':
+        backbone = SequentialStage(with_cp and dist.get_rank() == 1)
     elif case == 'mmengine_activation_checkpointing':
         backbone = _resnet(with_cp=False)
     model = TinyDetector(backbone, neck)
@@ -399,6 +401,9 @@ def _matrix(cases, shapes):
                 decision=(getattr(wrapper, 'autoddp_decision', None)
                           or {}).get('mode'))
     results['policies'] = _policy_outcomes()
+    hook = CheckpointConflictHook()
+    _train('checkpoint_sequential_on_rank_1', 'autoddp', hook)
+    results['seen on rank 1 only'] = sorted(hook.sites)
     for case in cases:
         results[case, 'no hook'] = _without_hook(case, 'ddp')
     return results
@@ -446,6 +451,11 @@ def test_backbone_matrix_trains_under_the_default_policy(matrix):
         assert result['checkpoint_sequential', 'ddp']['sites'] == {
             'backbone': [False, None]
         }
+
+
+def test_every_rank_names_the_sites_seen_on_any_rank(matrix):
+    assert [result['seen on rank 1 only']
+            for result in matrix] == [['backbone'], ['backbone']]
 
 
 def test_same_runs_without_the_hook_fail_with_the_ddp_error(matrix):
