@@ -14,7 +14,7 @@ from mmdet.models.backbones import ResNet, ResNeXt
 from mmengine.model import BaseModel
 
 from mmddp_ext.hooks import CheckpointConflictHook
-from mmddp_ext.testing import MultiRankError, run_on_ranks
+from mmddp_ext.testing import run_on_ranks
 from mmddp_ext.utils import activation_checkpoint as act_cp
 
 from ..helpers import build_runner, rank0_log
