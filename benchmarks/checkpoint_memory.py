@@ -1,10 +1,12 @@
 """Peak activation memory of one forward+backward, side by side:
 
-  with_cp      mmdet ResNet-50 with with_cp=True, torch's default
-               (reentrant) checkpointing, no DDP: the memory to keep
-  non_reentrant the same blocks after CheckpointConflictHook's default
-               policy (checkpointing kept, made non-reentrant)
-  disable      the classic fix: with_cp turned off
+  with_cp       mmdet ResNet-50 with with_cp=True, torch's default
+                (reentrant) checkpointing, no DDP: the memory to keep
+  non_reentrant the same model under CheckpointConflictHook's default
+                policy (checkpoint calls run with use_reentrant=False)
+  disable       the same model under its 'disable' policy (checkpoint
+                calls run the blocks without checkpointing), the classic
+                fix of turning with_cp off
 
     python benchmarks/checkpoint_memory.py [--batch 4] [--size 256]
 
@@ -22,13 +24,9 @@ from torch.profiler import ProfilerActivity, profile
 from mmddp_ext.utils import activation_checkpoint as act_cp
 
 
-def build(variant: str, state: dict, device: str) -> torch.nn.Module:
-    model = ResNet(depth=50, out_indices=(1, 2, 3),
-                   with_cp=variant != 'disable').to(device)
+def build(state: dict, device: str) -> torch.nn.Module:
+    model = ResNet(depth=50, out_indices=(1, 2, 3), with_cp=True).to(device)
     model.load_state_dict(state)
-    if variant == 'non_reentrant':
-        for site in act_cp.find_checkpoint_sites(model):
-            act_cp.mark_non_reentrant(site.module)
     return model
 
 
@@ -38,8 +36,8 @@ def step(model, x):
 
 
 def peak_cpu_bytes(model, x) -> int:
-    with profile(activities=[ProfilerActivity.CPU],
-                 profile_memory=True) as prof:
+    with profile(
+            activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step(model, x)
     events = sorted((e for e in prof.events() if e.cpu_memory_usage),
                     key=lambda e: e.time_range.start)
@@ -71,12 +69,14 @@ def main():
     measure = peak_cuda_bytes if args.device == 'cuda' else peak_cpu_bytes
     peaks = {}
     for variant in ('with_cp', 'non_reentrant', 'disable'):
-        model = build(variant, state, args.device)
+        act_cp.set_policy(None if variant == 'with_cp' else variant)
+        model = build(state, args.device)
         step(model, x)  # warm-up (allocator caches, lazy init)
         model.zero_grad(set_to_none=True)
         peaks[variant] = measure(model, x)
-        print(f'{variant:14s} peak {peaks[variant] / 2**20:8.1f} MiB',
-              flush=True)
+        print(
+            f'{variant:14s} peak {peaks[variant] / 2**20:8.1f} MiB',
+            flush=True)
     print(f"\nnon_reentrant / with_cp: "
           f"{peaks['non_reentrant'] / peaks['with_cp']:.3f}   (goal <= 1.05)")
     print(f"disable / with_cp:       {peaks['disable'] / peaks['with_cp']:.3f}"

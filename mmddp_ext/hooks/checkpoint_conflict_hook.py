@@ -1,5 +1,6 @@
-from typing import List, Optional
+from typing import Dict, List, Optional
 
+from mmengine.dist import all_gather_object
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
@@ -7,38 +8,51 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..utils import activation_checkpoint as act_cp
 
-POLICIES = ('non_reentrant', 'disable', 'error')
+POLICIES = act_cp.POLICIES
 
 
 @HOOKS.register_module()
 class CheckpointConflictHook(Hook):
     """Resolve conflicts between activation checkpointing and DDP.
 
-    Reentrant ``torch.utils.checkpoint`` (what ``with_cp=True`` in mmdet's
-    ResNet/Swin blocks and DETR encoder checkpointing use) hides the
-    checkpointed parameters from DDP's unused-parameter search, so with
-    ``find_unused_parameters=True`` their gradients are marked ready twice
-    and DDP fails with "Expected to mark a variable ready only once".
-    Non-reentrant checkpointing has no such problem and saves the same
-    activation memory.
+    Reentrant ``torch.utils.checkpoint`` (torch's default, used by
+    ``with_cp=True`` in mmdet's backbones and necks, by
+    ``checkpoint_sequential`` and by MMEngine's ``activation_checkpointing``
+    setting) hides the checkpointed parameters from DDP's unused-parameter
+    search, so with ``find_unused_parameters=True`` their gradients are
+    marked ready twice and DDP fails with "Expected to mark a variable
+    ready only once". Non-reentrant checkpointing has no such problem and
+    saves the same activation memory.
 
-    The hook finds every checkpointing module
-    (:func:`mmddp_ext.utils.activation_checkpoint.find_checkpoint_sites`)
-    and decides whether the wrapper conflicts with them: a DDP wrapper with
-    ``find_unused_parameters=True`` (plain ``MMDistributedDataParallel`` or
-    an ``AutoDDP`` decision), or parameters that AutoDDP saw unused inside a
-    checkpointed module. With ``AutoDDP`` deciding by itself, the check
-    runs after its first (probe) step, before DDP runs a backward. No
-    conflict, no change; either way one line is logged.
+    The hook does not look for checkpointing in the model's code. It wraps
+    the checkpoint functions themselves
+    (:mod:`mmddp_ext.utils.activation_checkpoint`): while a conflict exists,
+    every checkpoint call that does not state ``use_reentrant`` follows
+    ``policy``, whichever module makes it and however it imported the
+    function. The modules that checkpoint are those seen calling it in the
+    first training step (all ranks combined); they are named in the log
+    and in the ``'error'`` message.
+
+    A conflict is a DDP wrapper with ``find_unused_parameters=True`` (plain
+    ``MMDistributedDataParallel`` or an ``AutoDDP`` decision), or
+    parameters that AutoDDP saw unused inside a checkpointing module. A
+    wrapper built with ``find_unused_parameters=True`` conflicts from its
+    first step, so the policy applies from the start; with ``AutoDDP``
+    deciding by itself, the check runs after its probe step (which runs
+    without DDP), before DDP runs a backward. One line is logged either
+    way; the policy is lifted after the run.
 
     ``custom_hooks = [dict(type='CheckpointConflictHook')]``
 
     Args:
         policy (str): How to resolve a conflict. ``'non_reentrant'`` keeps
             checkpointing and makes it non-reentrant (the memory savings
-            stay); ``'disable'`` turns ``with_cp`` off (the classic advice;
-            activation memory grows); ``'error'`` stops with a message that
-            lists the modules and the config keys to change.
+            stay); ``'disable'`` runs the checkpointed functions without
+            checkpointing (the classic advice of turning ``with_cp`` off;
+            activation memory grows); ``'error'`` stops every rank with a
+            message that lists the modules and the config keys to change.
+            Checkpoint calls that state ``use_reentrant`` themselves are
+            left as they are (a warning names their modules).
             Defaults to 'non_reentrant'.
     """
 
@@ -54,6 +68,10 @@ class CheckpointConflictHook(Hook):
                 f"one of {POLICIES} (default 'non_reentrant').")
         self.policy = policy
         self._pending = False
+        self._reason: Optional[str] = None
+        # Checkpointing modules seen in the first step and what their calls
+        # stated as use_reentrant (None: not stated); set by the check.
+        self.sites: Optional[Dict[str, set]] = None
         self.resolved: Optional[List[str]] = None
 
     def before_train(self, runner) -> None:
@@ -71,83 +89,122 @@ class CheckpointConflictHook(Hook):
                 f'({type(model).__name__}); checkpointing left as it is.',
                 logger='current')
             return
-        if getattr(model, '_ddp_built', True):
-            self._check(runner, model)
-        else:
-            self._pending = True  # AutoDDP decides after its probe step
+        act_cp.watch(model.module)
+        self._pending = True
+        if getattr(model, '_ddp_built', True) and getattr(
+                model, 'find_unused_parameters', False):
+            # The first backward already runs under DDP.
+            self._apply(runner, 'DDP runs with find_unused_parameters=True')
 
     def after_train_iter(self,
                          runner,
                          batch_idx: int,
                          data_batch=None,
                          outputs=None) -> None:
-        if self._pending and getattr(runner.model, '_ddp_built', False):
+        # AutoDDP builds DDP after its probe step; a plain wrapper is built.
+        if self._pending and getattr(runner.model, '_ddp_built', True):
             self._pending = False
             self._check(runner, runner.model)
 
+    def after_run(self, runner) -> None:
+        act_cp.reset()
+
     # ------------------------------------------------------------ internals
+    def _apply(self, runner, reason: str) -> None:
+        self._reason = reason
+        act_cp.set_policy(
+            self.policy,
+            refuse=lambda site: ValueError(
+                self._refusal(runner, [site] if site is not None else [])))
+
     def _conflict_reason(self, model, sites) -> Optional[str]:
-        decision = getattr(model, 'autoddp_decision', None) or {}
         if getattr(model, 'find_unused_parameters', False):
             return 'DDP runs with find_unused_parameters=True'
-        site_prefixes = tuple(f'{s.name}.' for s in sites)
+        decision = getattr(model, 'autoddp_decision', None) or {}
+        prefixes = tuple(f'{name}.' if name else '' for name in sites)
         doubtful = [
             n for n in decision.get('partially_used', []) +
-            decision.get('never_used', []) if n.startswith(site_prefixes)
+            decision.get('never_used', [])
+            if prefixes and n.startswith(prefixes)
         ]
         if doubtful:
-            return ('parameters inside checkpointed modules went unused: '
+            return ('parameters inside checkpointing modules went unused: '
                     f"{', '.join(doubtful[:5])}")
         return None
 
     def _check(self, runner, model) -> None:
-        sites = act_cp.find_checkpoint_sites(model.module)
-        if not sites:
+        self.sites = act_cp.merge_records(
+            all_gather_object(act_cp.stop_recording()))
+        reason = self._conflict_reason(model, self.sites)
+        if reason is None:
+            act_cp.set_policy(None)
             print_log(
-                'CheckpointConflictHook: no activation checkpointing in the '
-                'model; nothing to resolve.',
+                f'CheckpointConflictHook: checked {len(self.sites)} '
+                'checkpointing module(s) (those that ran in the first step); '
+                'no conflict with DDP (find_unused_parameters=False); left '
+                'as they are.',
                 logger='current')
             self.resolved = []
             return
-        reason = self._conflict_reason(model, sites)
-        names = [s.name for s in sites]
-        if reason is None:
+        if not self.sites:
             print_log(
-                f'CheckpointConflictHook: checked {len(sites)} checkpointing '
-                'module(s); no conflict with DDP '
-                f'(find_unused_parameters=False); left as they are.',
+                f'CheckpointConflictHook: {reason}, but no activation '
+                'checkpointing ran in the first step; nothing to resolve '
+                f"(policy '{self.policy}' stays on for later calls).",
                 logger='current')
+            self._apply(runner, reason)
             self.resolved = []
             return
         if self.policy == 'error':
-            keys = sorted({act_cp.config_key(model.module, n) for n in names})
-            raise ValueError(
-                f'CheckpointConflictHook: reentrant activation checkpointing '
-                f'conflicts with DDP ({reason}) in {len(sites)} module(s): '
-                f'{_short(names)}. Set {", ".join(k + "=False" for k in keys)}'
-                ", or use policy='non_reentrant' to keep the memory savings.")
-        changed = []
-        for site in sites:
-            if self.policy == 'disable' and site.switchable:
-                act_cp.disable(site)
-                changed.append(site.name)
-            elif site.explicit_reentrant and not site.switchable:
-                print_log(
-                    f'CheckpointConflictHook: {site.name} passes '
-                    'use_reentrant itself and has no with_cp switch; '
-                    'left unchanged.',
-                    logger='current',
-                    level=30)
-            else:
-                act_cp.mark_non_reentrant(site.module)
-                changed.append(site.name)
+            self._reason = reason
+            raise ValueError(self._refusal(runner, list(self.sites)))
+        self._apply(runner, reason)
+        stated_reentrant = [
+            name for name, stated in self.sites.items()
+            if None not in stated and True in stated
+        ]
+        if stated_reentrant:
+            print_log(
+                'CheckpointConflictHook: these modules pass '
+                'use_reentrant=True to checkpoint themselves and are left '
+                'unchanged; DDP may fail in their backward: '
+                f'{_short(stated_reentrant)}.',
+                logger='current',
+                level=30)
+        self.resolved = [
+            name for name, stated in self.sites.items() if None in stated
+        ]
         verb = ('disabled checkpointing in' if self.policy == 'disable' else
                 'made checkpointing non-reentrant in')
         print_log(
-            f'CheckpointConflictHook: {reason}; {verb} {len(changed)} '
-            f'module(s): {_short(changed)}.',
+            f'CheckpointConflictHook: {reason}; {verb} '
+            f'{len(self.resolved)} module(s): {_short(self.resolved)}.',
             logger='current')
-        self.resolved = changed
+
+    def _refusal(self, runner, sites: List[str]) -> str:
+        """The 'error' message: what conflicts, where, and what to set."""
+        model = runner.model.module
+        listed = getattr(runner, 'cfg', None) or {}
+        listed = listed.get('activation_checkpointing', None) or []
+        listed = [listed] if isinstance(listed, str) else list(listed)
+        fixes = []
+        for site in sites:
+            key = act_cp.config_key(model, site)
+            if site in listed:
+                fix = f"activation_checkpointing without '{site}'"
+            elif key is not None:
+                fix = f'{key}=False'
+            else:
+                fix = f'use_reentrant=False in the checkpoint call of {site}'
+            if fix not in fixes:
+                fixes.append(fix)
+        where = _short([s or '(model root)' for s in sites]) or \
+            '(a module outside the model)'
+        return (
+            f'CheckpointConflictHook: reentrant activation checkpointing '
+            f'conflicts with DDP ({self._reason}) in {len(sites)} '
+            f'module(s): {where}. Set {", ".join(fixes) or "with_cp=False"}'
+            ", or use policy='non_reentrant' to keep the memory savings.")
 
 
 def _short(names: List[str], limit: int = 8) -> str:
