@@ -125,7 +125,7 @@ def _describe_mark(mark: str) -> str:
     return f'calls {mark}'
 
 
-def check_collectives(iters: List[List[dict]]) -> Check:
+def check_collectives(iters: List[List[dict]], setup: DDPSetup) -> Check:
     for recs in iters:
         divergence = next(
             (rec['divergence'] for rec in recs if rec['divergence']), None)
@@ -142,6 +142,11 @@ def check_collectives(iters: List[List[dict]]) -> Check:
             'gradient all-reduce and fails on the size).' if ended else
             f"NCCL pairs calls of different op or size in iteration "
             f"{rec['iteration']}: a crash, or silently wrong values.")
+        if setup.rank_consistency and divergence['phase'] == 'forward':
+            on_gpus = ('RankConsistencyHook compares the forward\'s '
+                       'collective count before the backward and stops '
+                       f"every rank in iteration {rec['iteration']} with "
+                       'RankDivergenceError; without it, ' + on_gpus)
         return Check(
             PHASE, 'collectives', BLOCKER,
             f"{_where(rec)}, {divergence['phase']} collective "
@@ -376,7 +381,7 @@ def dynamic_checks(results: Sequence[dict], setup: DDPSetup,
     return [
         check_errors(iters),
         check_loss_keys(iters, setup),
-        check_collectives(iters),
+        check_collectives(iters, setup),
         check_unused(iters, setup, trainable),
         check_usage(iters, setup, trainable),
         check_checkpointing(iters, setup, trainable, sites, changed),

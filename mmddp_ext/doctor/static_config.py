@@ -193,19 +193,22 @@ def check_coherence(cfg, setup: DDPSetup) -> Check:
     imports = (cfg.get('custom_imports') or {}).get('imports', [])
     imports = [imports] if isinstance(imports, str) else list(imports)
     used = sorted(set(_mmddp_ext_types(cfg._cfg_dict.to_dict())))
-    if used and not any(i.split('.')[0] == 'mmddp_ext' for i in imports):
+    # With runner_type='ExtRunner' something already imports mmddp_ext
+    # (the opt-in base file, or mmddp_ext's tools/train.py).
+    if used and not setup.opted_in and not any(
+            i.split('.')[0] == 'mmddp_ext' for i in imports):
         notes.append(
-            f"the config uses mmddp_ext's {', '.join(used)}, but "
-            "custom_imports does not import mmddp_ext: fine with mmddp_ext's "
-            "tools/train.py or the opt-in base file, unknown types with "
-            "MMDetection's own tools/train.py")
+            f"the config uses mmddp_ext's {', '.join(used)}, but nothing "
+            "imports mmddp_ext: fine with mmddp_ext's tools/train.py, "
+            "unknown types with MMDetection's own tools/train.py")
     if notes:
         return Check(PHASE, name, WARN, '; '.join(notes),
                      fix=["custom_imports = dict(imports=['mmddp_ext'], "
                           'allow_failed_imports=False)'] if used else [])
     return Check(PHASE, name, OK,
                  'mmddp_ext ' + ('switched on: ' + ', '.join(
-                     k for k, v in setup.ext_cfg.items() if v)
+                     k for k, v in setup.ext_cfg.items()
+                     if v not in (None, False))
                                  if setup.opted_in else 'not used') +
                  f", runner {setup.runner_type}")
 
