@@ -15,6 +15,7 @@ With mmddp_ext switched on in the config, its fixes that act inside the
 process are applied as ``ExtRunner`` would: the train collate function
 (``empty_gt_guard``) and ``CheckpointConflictHook``'s policy.
 """
+import logging
 import resource
 import time
 from typing import Any, Dict, List, Set
@@ -22,6 +23,7 @@ from typing import Any, Dict, List, Set
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from mmengine.logging import MMLogger
 
 from .collectives import CollectiveRecorder
 from .ddp_setup import DDPSetup, resolve_setup
@@ -49,7 +51,14 @@ def build_model(cfg, seed: int = 0) -> nn.Module:
     from mmengine.registry import MODELS
     torch.manual_seed(seed)
     model = MODELS.build(_drop_pretrained(cfg.model))
-    model.init_weights()
+    # init_weights logs every parameter's initialiser at INFO level.
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        model.init_weights()
+    finally:
+        logger.setLevel(level)
     if cfg.get('sync_bn'):
         from mmengine.model import convert_sync_batchnorm
         model = convert_sync_batchnorm(model, cfg.sync_bn)

@@ -147,3 +147,36 @@ def test_split_invariant_forward():
         assert torch.randperm(4).tolist() == [0, 1, 2, 3]
     assert model[0].training and model[1].training
     assert not torch.rand(64).eq(0.5).all()
+
+
+def _record(k, no_grad=(), keys=('loss_cls', ), gt=2):
+    return dict(iteration=k, kind='k', gt_boxes=gt, loss_keys=list(keys),
+                error=None, nonfinite_losses=[], nonfinite_grads=[],
+                hidden_from_ddp=[], collectives=[], divergence=None,
+                no_grad=list(no_grad), step_time_s=1.0, peak_memory_mb=1.0)
+
+
+@pytest.mark.parametrize('wrapper,find_unused,verdict,text', [
+    ('MMDistributedDataParallel', False, 'blocker', 'NCCL hangs in '
+     'iteration 1'),
+    ('AutoDDP', None, 'blocker', 'AutoDDP (static after its first step) '
+     'stops rank 1 in iteration 1'),
+    ('MMDistributedDataParallel', True, 'ok', 'find_unused_parameters=True'),
+])
+def test_usage_prediction_per_wrapper(wrapper, find_unused, verdict, text):
+    """A parameter that rank 1 leaves without gradient in iteration 1: a
+    hang with stock DDP, AutoDDP's error on its fast path, fine with
+    find_unused_parameters=True."""
+    from mmddp_ext.doctor.ddp_setup import DDPSetup
+    from mmddp_ext.doctor.dynamic_checks import check_usage
+    setup = DDPSetup('Runner', False, {}, wrapper, wrapper == 'AutoDDP',
+                     find_unused, None, False)
+    iters = [[_record(0), _record(0)],
+             [_record(1), _record(1, no_grad=['head.w'], gt=0)]]
+    check = check_usage(iters, setup, ['head.w', 'head.b'])
+    assert check.verdict == verdict, check
+    assert text in check.summary + check.on_gpus
+    if verdict == 'blocker':
+        assert (check.details['iteration'], check.details['rank']) == (1, 1)
+        assert check.details['parameters'] == ['head.w']
+        assert any('DDPSafeDINOHead' in line for line in check.fix)
