@@ -54,6 +54,7 @@ def _dynamic(report: DoctorReport, cfg, setup, trainable: List[str],
                   details=dict(log=text[-6000:]))
         ])
         return
+    report.timings['rank_cpu_s'] = [r['cpu_s'] for r in results]
     report.dynamic = dict(ranks=[
         {k: v for k, v in r.items() if k != 'gradients'} for r in results
     ])
@@ -132,4 +133,5 @@ def run_doctor(cfg,
         ])
     progress(5, PHASES, f'report: {report.verdict}')
     report.timings['total_s'] = time.perf_counter() - started
+    report.timings['main_cpu_s'] = time.process_time()
     return report

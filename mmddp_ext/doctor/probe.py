@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from mmengine.logging import MMLogger
 
+from . import checkpoint_sites
 from .collectives import CollectiveRecorder
 from .ddp_setup import DDPSetup, resolve_setup
 from .gradients import compare_gradients
@@ -67,23 +68,6 @@ def build_model(cfg, seed: int = 0) -> nn.Module:
             for tensor in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(tensor.data, src=0)
     return model.train()
-
-
-def apply_checkpoint_policy(model: nn.Module, setup: DDPSetup) -> List[str]:
-    """What ``CheckpointConflictHook`` would do to the model's sites (the
-    probe applies it up front; the hook only acts on a conflict, and
-    non-reentrant checkpointing is correct either way)."""
-    from ..utils import activation_checkpoint as act_cp
-    if setup.checkpoint_policy not in ('non_reentrant', 'disable'):
-        return []
-    changed = []
-    for site in act_cp.find_checkpoint_sites(model):
-        if setup.checkpoint_policy == 'disable' and site.switchable:
-            act_cp.disable(site)
-        elif not site.explicit_reentrant or site.switchable:
-            act_cp.mark_non_reentrant(site.module)
-        changed.append(site.name)
-    return changed
 
 
 def graph_parameters(loss: torch.Tensor) -> Set[int]:
@@ -148,12 +132,9 @@ class RankProbe:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.setup = resolve_setup(cfg)
         self.model = build_model(cfg, seed)
-        from ..utils.activation_checkpoint import find_checkpoint_sites
-        self.checkpoint_sites = [
-            s.name for s in find_checkpoint_sites(self.model)
-        ]
-        self.checkpoint_changed = apply_checkpoint_policy(
-            self.model, self.setup)
+        self.checkpoint_sites: List[str] = []
+        self.checkpoint_changed = checkpoint_sites.apply_policy(
+            self.model, self.setup.checkpoint_policy)
         self.params = [(n, p) for n, p in self.model.named_parameters()
                        if p.requires_grad]
         loader = cfg.train_dataloader
@@ -194,8 +175,12 @@ class RankProbe:
         self.recorder.start_iteration()
         start = time.perf_counter()
         try:
-            with self.recorder.recording('forward'):
+            with self.recorder.recording('forward'), \
+                    checkpoint_sites.observed(self.model) as sites:
                 losses, loss, log_vars = self.forward_loss(batch)
+            self.checkpoint_sites += [
+                s for s in sites if s not in self.checkpoint_sites
+            ]
             record['loss_keys'] = sorted(losses)
             record['nonfinite_losses'] = [
                 key for key, value in log_vars.items()
@@ -259,4 +244,7 @@ def probe_rank(cfg, iters: int, gradient_check: bool,
     if gradient_check:
         result['gradients'] = compare_gradients(probe)
     result['iterations'] = [probe.iteration(k) for k in range(iters)]
+    result['checkpoint_sites'] = probe.checkpoint_sites
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result['cpu_s'] = usage.ru_utime + usage.ru_stime
     return result

@@ -93,7 +93,17 @@ def render(report: DoctorReport) -> str:
     findings = _findings(report)
     verdict = (f'verdict: {report.verdict.upper()} '
                f'(exit code {report.exit_code})')
-    return '\n'.join([text.rstrip()] + findings + [verdict])
+    return '\n'.join([text.rstrip()] + findings + [_timing(report), verdict])
+
+
+def _timing(report: DoctorReport) -> str:
+    """Wall time, and the CPU time of this process and of each rank (on a
+    shared machine the CPU time says what a quiet one would take)."""
+    t = report.timings
+    ranks = ', '.join(f'{s:.0f}' for s in t.get('rank_cpu_s', []))
+    return (f"time: {t.get('total_s', 0):.0f} s wall; CPU "
+            f"{t.get('main_cpu_s', 0):.0f} s in this process" +
+            (f', {ranks} s in the ranks' if ranks else ''))
 
 
 def log_report(report: DoctorReport) -> None:

@@ -5,7 +5,7 @@ from typing import Any, List
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..utils import activation_checkpoint as act_cp
+from . import checkpoint_sites
 from .ddp_setup import DDPSetup, ext_cfg_defaults
 from .report import BLOCKER, OK, WARN, Check
 
@@ -22,11 +22,10 @@ def check_wrapper(setup: DDPSetup) -> Check:
 
 def check_checkpointing(setup: DDPSetup, model: nn.Module) -> Check:
     name = 'activation checkpointing'
-    sites = act_cp.find_checkpoint_sites(model)
-    if not sites:
+    names = checkpoint_sites.switched_on(model)
+    if not names:
         return Check(PHASE, name, OK, 'no activation checkpointing')
-    names = [s.name for s in sites]
-    keys = sorted({act_cp.config_key(model, n) for n in names})
+    keys = checkpoint_sites.config_keys(model, names)
     listed = ', '.join(names[:8]) + (f' (+{len(names) - 8} more)'
                                      if len(names) > 8 else '')
     details = dict(modules=names, config_keys=keys)
@@ -34,14 +33,14 @@ def check_checkpointing(setup: DDPSetup, model: nn.Module) -> Check:
     if resolved:
         return Check(
             PHASE, name, OK,
-            f'{len(sites)} checkpointing module(s) ({listed}); '
+            f'{len(names)} checkpointing module(s) ({listed}); '
             f"CheckpointConflictHook policy '{setup.checkpoint_policy}' "
             'resolves any conflict with DDP', details=details)
     if setup.find_unused:
         stops = setup.checkpoint_policy == 'error'
         return Check(
             PHASE, name, BLOCKER,
-            f'reentrant checkpointing in {len(sites)} module(s) ({listed}) '
+            f'reentrant checkpointing in {len(names)} module(s) ({listed}) '
             'with find_unused_parameters=True',
             on_gpus=('CheckpointConflictHook(policy=\'error\') stops before '
                      'training.' if stops else
@@ -56,7 +55,7 @@ def check_checkpointing(setup: DDPSetup, model: nn.Module) -> Check:
             details=details)
     return Check(
         PHASE, name, WARN if setup.auto_ddp else OK,
-        f'{len(sites)} reentrant checkpointing module(s) ({listed}); fine '
+        f'{len(names)} reentrant checkpointing module(s) ({listed}); fine '
         'with find_unused_parameters=False' +
         ('; a conflict if AutoDDP has to choose find_unused_parameters=True '
          'and no CheckpointConflictHook is on' if setup.auto_ddp else ''),
