@@ -49,7 +49,8 @@ def _dynamic(report: DoctorReport, cfg, setup, trainable: List[str],
         text = str(error)
         report.add([
             Check('dynamic', 'runs on every rank', BLOCKER,
-                  'the probe failed: ' + text.splitlines()[0],
+                  'the probe failed: ' + text.splitlines()[0] +
+                  ' (on a busy machine, raise --timeout)',
                   on_gpus='see the rank logs in details.',
                   details=dict(log=text[-6000:]))
         ])

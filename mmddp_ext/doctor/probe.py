@@ -27,7 +27,7 @@ from mmengine.logging import MMLogger
 
 from . import checkpoint_sites
 from .collectives import CollectiveRecorder
-from .ddp_setup import DDPSetup, resolve_setup
+from .ddp_setup import resolve_setup
 from .gradients import compare_gradients
 from .schedule import AdversarialSchedule
 

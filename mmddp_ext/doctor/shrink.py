@@ -4,9 +4,9 @@ Every image-size setting of the pipelines (``scale``, ``scales``,
 ``crop_size``, ``img_scale`` of any transform) is scaled down so that its
 shorter side is at most ``short_side``, keeping the aspect ratio (a
 ``(400, 4200)`` resize, which means "short side 400, long side nearly
-free", becomes ``(128, 1344)``), and the train batch size is capped. Layers, queries and losses stay as they are,
-so the graph, the loss keys and the collectives are those of the full
-model.
+free", becomes ``(128, 1344)``), and the train batch size is capped.
+Layers, queries and losses stay as they are, so the graph, the loss keys
+and the collectives are those of the full model.
 """
 from typing import Any
 

@@ -56,7 +56,7 @@ def check_backend(cfg, nproc: int, setup: DDPSetup) -> Check:
         fix=["runner_type = 'ExtRunner'  # gloo on CPU, for trying it here"])
 
 
-def check_launcher_env(nproc: int) -> Check:
+def check_launcher_env() -> Check:
     present = {k: os.environ[k] for k in TORCHRUN_VARS + OTHER_LAUNCHER_VARS
                if k in os.environ}
     if not present:
@@ -80,5 +80,5 @@ def environment_checks(cfg, nproc: int, setup: DDPSetup) -> List[Check]:
     return [
         check_versions(),
         check_backend(cfg, nproc, setup),
-        check_launcher_env(nproc),
+        check_launcher_env(),
     ]
