@@ -1,10 +1,12 @@
 import copy
+import inspect
 from typing import Dict, List, Optional, Union
 
 import torch.distributed as dist
 import torch.nn as nn
 from mmengine.device import get_device
-from mmengine.dist import is_distributed
+from mmengine.dist import (all_gather_object, get_rank, get_world_size,
+                           is_distributed)
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS, MODEL_WRAPPERS, RUNNERS
@@ -14,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..hooks.rank_status_hook import RankStatusHook, read_rank_status
 from ..hooks.safe_checkpoint_hook import SafeCheckpointHook
 from ..utils.checkpoint_safety import safe_checkpoint_loading
+from ..utils.class_count_check import check_class_counts
 from ..utils.dist_env import (check_launch_environment, init_distributed,
                               rank_device)
 
@@ -48,6 +51,15 @@ class ExtRunner(Runner):
       model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
       uses ``AutoDDP`` when no wrapper is configured and
       ``mmddp_ext_cfg.auto_ddp`` is on.
+    - ``__init__``: before anything is built, checks every ``num_classes``
+      in the model config against the classes of each dataloader's dataset
+      (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`);
+      under a launcher every rank raises the error together in
+      ``setup_env``, right after the process group is up.
+    - ``dump_config``: adds ``'mmddp_ext'`` to ``custom_imports`` (keeping
+      the config's own imports) before dumping, so that the dumped config
+      reloads in a fresh interpreter, e.g. with MMDetection's own
+      ``tools/test.py``, and finds ``runner_type='ExtRunner'``.
     - ``register_hooks``: adds :class:`SafeCheckpointHook` (checkpoints hold
       only tensors and plain types), :class:`RankStatusHook`, and the hooks
       that ``mmddp_ext_cfg`` switches on, unless the config lists them.
@@ -78,6 +90,7 @@ class ExtRunner(Runner):
     """
 
     def __init__(self, *args, **kwargs):
+        self._check_class_counts(*args, **kwargs)
         super().__init__(*args, **kwargs)
         guard = self.ext_cfg['empty_gt_guard']
         loader = self._train_dataloader
@@ -101,6 +114,66 @@ class ExtRunner(Runner):
                 f'are {sorted(EXT_CFG_DEFAULTS)}.')
         return dict(EXT_CFG_DEFAULTS, **given)
 
+    def _check_class_counts(self, *args, **kwargs) -> None:
+        """Run the class-count check on ``Runner.__init__``'s ``model`` and
+        dataloader arguments (by position or name) before anything is built.
+
+        Without a launcher the ``ValueError`` is raised here. Under a
+        launcher it is kept for :meth:`_raise_class_count_error_together`:
+        a rank that raised alone could be killed by torchrun before its
+        peers print the message, leaving their logs without the reason.
+        """
+        given = inspect.signature(Runner.__init__).bind_partial(
+            None, *args, **kwargs).arguments
+        self._class_count_error = None
+        try:
+            check_class_counts(
+                given.get('model'), {
+                    f'{split}_dataloader': given.get(f'{split}_dataloader')
+                    for split in ('train', 'val', 'test')
+                },
+                scope=given.get('default_scope', 'mmengine'))
+        except ValueError as error:
+            if given.get('launcher', 'none') == 'none':
+                raise
+            self._class_count_error = str(error)
+
+    def _raise_class_count_error_together(self) -> None:
+        """Raise the class-count error on every rank at once, once the
+        process group is up (every rank reads the same config, so they
+        normally all fail; a rank whose own check passed reports a peer's).
+        """
+        errors = [self._class_count_error]
+        if self.distributed:
+            errors = all_gather_object(self._class_count_error)
+        failed = [(rank, text) for rank, text in enumerate(errors) if text]
+        if failed:
+            rank, text = failed[0]
+            raise ValueError(f'rank {get_rank()} of {get_world_size()} '
+                             f'stops (rank {rank} found it): {text}')
+
+    def dump_config(self) -> None:
+        self._import_mmddp_ext_in_cfg()
+        super().dump_config()
+
+    def _import_mmddp_ext_in_cfg(self) -> None:
+        """Add ``'mmddp_ext'`` to ``self.cfg.custom_imports``.
+
+        ``configs/_base_/mmddp_ext.py`` imports mmddp_ext through an
+        expression, which the dumped config does not keep, and it sets no
+        ``custom_imports`` itself because most configs with their own
+        modules set that key (MMEngine refuses a key set by two bases).
+        The user's imports and ``allow_failed_imports`` stay as they are.
+        """
+        custom_imports = dict(self.cfg.get('custom_imports') or {})
+        imports = custom_imports.get('imports', [])
+        imports = [imports] if isinstance(imports, str) else list(imports)
+        if 'mmddp_ext' not in imports:
+            imports.append('mmddp_ext')
+        custom_imports['imports'] = imports
+        custom_imports.setdefault('allow_failed_imports', False)
+        self.cfg.custom_imports = custom_imports
+
     def setup_env(self, env_cfg: Dict) -> None:
         if self.distributed and not is_distributed():
             # init_distributed runs the launch checks itself.
@@ -108,6 +181,7 @@ class ExtRunner(Runner):
                              **copy.deepcopy(env_cfg.get('dist_cfg', {})))
         else:
             check_launch_environment(self.launcher)
+        self._raise_class_count_error_together()
         super().setup_env(env_cfg)
 
     def wrap_model(self, model_wrapper_cfg: Optional[Dict],

@@ -1,0 +1,100 @@
+"""Make a forward pass independent of how the batch is split across
+ranks, for the gradient-equivalence comparison.
+
+Three things legitimately differ between N ranks and one process over the
+concatenated batch, and are switched off here so that what remains is a
+real normalisation difference:
+
+- random draws (the denoising noise of DINO-style heads): each random
+  factory of ``torch`` returns a constant while active, so every element
+  sees the same "noise" however the batch is split;
+- dropout: its modules are put in eval mode;
+- BatchNorm batch statistics (per rank without SyncBN): BatchNorm modules
+  use their running statistics (eval mode).
+"""
+import contextlib
+from typing import Iterator, List
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+
+# value in [0, 1) returned by the uniform factories; integer factories
+# return their lower bound, normal ones zero.
+UNIFORM_CONSTANT = 0.5
+
+
+def _rand_like(input, *args, **kwargs):
+    return torch.full_like(input, UNIFORM_CONSTANT, **_like_kwargs(kwargs))
+
+
+def _randn_like(input, *args, **kwargs):
+    return torch.zeros_like(input, **_like_kwargs(kwargs))
+
+
+def _randint_like(input, *args, **kwargs):
+    low = args[0] if len(args) == 2 else kwargs.get('low', 0)
+    return torch.full_like(input, low, **_like_kwargs(kwargs))
+
+
+def _like_kwargs(kwargs: dict) -> dict:
+    return {k: kwargs[k] for k in ('dtype', 'device') if k in kwargs}
+
+
+def _factory(fill):
+
+    def factory(*size, **kwargs):
+        kwargs.pop('generator', None)
+        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+            size = tuple(size[0])
+        return torch.full(size, fill, **_like_kwargs(kwargs))
+
+    return factory
+
+
+def _randint(*args, **kwargs):
+    kwargs.pop('generator', None)
+    ints = [a for a in args if isinstance(a, int)]
+    size = next(a for a in args if isinstance(a, (tuple, list, torch.Size)))
+    low = ints[0] if len(ints) == 2 else 0
+    return torch.full(tuple(size), low, dtype=kwargs.get('dtype', torch.long),
+                      device=kwargs.get('device'))
+
+
+def _randperm(n, **kwargs):
+    kwargs.pop('generator', None)
+    return torch.arange(n, **_like_kwargs(kwargs))
+
+
+CONSTANT_RANDOM = dict(
+    rand=_factory(UNIFORM_CONSTANT),
+    randn=_factory(0.0),
+    rand_like=_rand_like,
+    randn_like=_randn_like,
+    randint_like=_randint_like,
+    randint=_randint,
+    randperm=_randperm,
+)
+
+
+@contextlib.contextmanager
+def split_invariant(model: nn.Module) -> Iterator[None]:
+    """Inside the block, ``model``'s forward gives each image the same
+    result whichever batch it is in (see the module docstring)."""
+    saved = {name: getattr(torch, name) for name in CONSTANT_RANDOM}
+    switched: List[nn.Module] = [
+        m for m in model.modules()
+        if isinstance(m, (_BatchNorm, _DropoutNd)) and m.training
+    ]
+    for name, fn in CONSTANT_RANDOM.items():
+        setattr(torch, name, fn)
+    for module in switched:
+        module.eval()
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch, name, fn)
+        for module in switched:
+            module.train()
