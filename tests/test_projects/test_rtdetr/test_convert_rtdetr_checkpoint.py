@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from .rtdetr_utils import R18VD_CONFIG, REPO_ROOT, import_project
+from .upstream_layout import synthetic_state_dict
 
 DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
 CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_rtdetr_checkpoint.py')
@@ -41,12 +42,7 @@ select_state_dict = converter.select_state_dict
 def upstream_state_dict(version: int, seed: int = 0) -> dict:
     """Random tensors with upstream's exact r18vd keys and shapes."""
     with open(osp.join(DATA, f'rtdetr_r18vd_v{version}_keys.json')) as f:
-        layout = json.load(f)
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        key: (torch.randn(shape, generator=gen) if shape else torch.tensor(7))
-        for key, shape in layout.items()
-    }
+        return synthetic_state_dict(json.load(f), seed)
 
 
 @pytest.fixture(scope='module')

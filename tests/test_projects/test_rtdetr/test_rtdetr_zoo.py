@@ -33,15 +33,6 @@ ZOO_CONFIGS = {
 }
 
 
-def synthetic(layout: dict, seed: int = 0) -> dict:
-    """Random tensors with exactly ``layout``'s keys and shapes."""
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        key: (torch.randn(shape, generator=gen) if shape else torch.tensor(3))
-        for key, shape in layout.items()
-    }
-
-
 def model_cfg(config: str):
     from mmengine.config import Config
     import_project()
@@ -71,7 +62,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
         depth, config, tmp_path):
     # upstream's r50 file has FrozenBatchNorm2d keys: 275, no counters
     frozen = depth >= 50
-    upstream = synthetic(upstream_layout.presnet_layout(depth, frozen))
+    upstream = upstream_layout.synthetic_state_dict(upstream_layout.presnet_layout(depth, frozen))
     assert len(upstream) == {18: 138, 50: 275}[depth]
     assert converter.is_backbone_checkpoint(upstream)
     # negative control: the detector mode leaves every key unmapped
@@ -130,7 +121,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
 
 @pytest.mark.parametrize('version,name', sorted(ZOO_CONFIGS))
 def test_zoo_checkpoint_converts_and_loads_strictly(version, name):
-    upstream = synthetic(upstream_layout.zoo_layout(version, name))
+    upstream = upstream_layout.synthetic_state_dict(upstream_layout.zoo_layout(version, name))
     model = build(model_cfg(ZOO_CONFIGS[(version, name)]), meta=True)
     converted = converter.convert_state_dict(
         upstream, model.state_dict(), log=lambda line: None)
@@ -143,7 +134,7 @@ def test_zoo_checkpoint_converts_and_loads_strictly(version, name):
 def test_r101vd_decoder_input_projection_follows_feat_channels():
     cfg = model_cfg(ZOO_CONFIGS[(1, 'r101vd')])
     assert cfg.feat_channels == [384] * 3
-    upstream = synthetic(upstream_layout.zoo_layout(1, 'r101vd'))
+    upstream = upstream_layout.synthetic_state_dict(upstream_layout.zoo_layout(1, 'r101vd'))
     # negative control: the 256 -> 256 projection of the other sizes
     cfg.feat_channels = None
     model = build(cfg, meta=True)
@@ -161,7 +152,7 @@ def test_m_model_predicts_from_decoder_layer_3():
     cfg = model_cfg(ZOO_CONFIGS[(2, 'r50vd_m')])
     cfg.backbone.init_cfg = None
     model = build(cfg)
-    upstream = synthetic(upstream_layout.zoo_layout(2, 'r50vd_m'), seed=1)
+    upstream = upstream_layout.synthetic_state_dict(upstream_layout.zoo_layout(2, 'r50vd_m'), seed=1)
     model.load_state_dict(
         converter.convert_state_dict(
             upstream, model.state_dict(), log=lambda line: None),

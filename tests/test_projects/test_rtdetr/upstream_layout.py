@@ -226,3 +226,23 @@ def zoo_layout(version: int, name: str) -> Layout:
     """Layout of an official COCO model, e.g. ``zoo_layout(2, 'r50vd_m')``.
     """
     return rtdetr_layout(version, **ZOO[(version, name)])
+
+
+def synthetic_state_dict(layout: Layout, seed: int = 0) -> dict:
+    """Random tensors with exactly ``layout``'s keys and shapes, finite
+    through a forward pass: values N(0, 0.1^2), BN variances in [0.5,
+    1.5), counters 7, and v2's ``num_points_scale`` upstream's value for 4
+    points per level (1/4), as real checkpoints hold."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, shape in layout.items():
+        if key.endswith('num_points_scale'):
+            state[key] = torch.full(shape, 1 / 4)
+        elif key.endswith('running_var'):
+            state[key] = torch.rand(shape, generator=gen) + 0.5
+        elif not shape:
+            state[key] = torch.tensor(7)
+        else:
+            state[key] = 0.1 * torch.randn(shape, generator=gen)
+    return state
