@@ -11,8 +11,9 @@ alternates, repeat by repeat:
           (``StaticTensorCache.enabled = False`` on the neck and detector)
   after   built once per feature size and device (the default)
 Each repeat times one inference (``mode='predict'``, no grad) and one
-training step (``mode='loss'``, backward). Prints the median times and
-before / after ratios. The regression branches run once per decoder layer
+training step (``mode='loss'``, backward) per variant, back to back.
+Prints the median times, the ratio of the medians and the median of the
+per-repeat before / after ratios (the pairs share the machine's load). The regression branches run once per decoder layer
 in both variants (that change has no switch), so the ratio isolates the
 cache.
 """
@@ -115,8 +116,12 @@ def main():
     for kind, label in (('infer', 'inference'), ('train', 'training step')):
         before = median(times['before', kind])
         after = median(times['after', kind])
+        paired = median([
+            b / a for b, a in zip(times['before', kind], times['after', kind])
+        ])
         print(f'{label:13s}: before {before * 1e3:7.0f} ms, after '
-              f'{after * 1e3:7.0f} ms, before / after {before / after:.3f}')
+              f'{after * 1e3:7.0f} ms, before / after {before / after:.3f} '
+              f'(median of paired ratios {paired:.3f})')
 
 
 if __name__ == '__main__':

@@ -33,6 +33,12 @@ ZOO_CONFIGS = {
 }
 
 
+def synthetic_zoo_checkpoint(version: int, name: str, seed: int = 0) -> dict:
+    """Random weights of an official COCO model, in upstream's layout."""
+    return upstream_layout.synthetic_state_dict(
+        upstream_layout.zoo_layout(version, name), seed)
+
+
 def model_cfg(config: str):
     from mmengine.config import Config
     import_project()
@@ -62,7 +68,8 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
         depth, config, tmp_path):
     # upstream's r50 file has FrozenBatchNorm2d keys: 275, no counters
     frozen = depth >= 50
-    upstream = upstream_layout.synthetic_state_dict(upstream_layout.presnet_layout(depth, frozen))
+    upstream = upstream_layout.synthetic_state_dict(
+        upstream_layout.presnet_layout(depth, frozen))
     assert len(upstream) == {18: 138, 50: 275}[depth]
     assert converter.is_backbone_checkpoint(upstream)
     # negative control: the detector mode leaves every key unmapped
@@ -78,20 +85,24 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
         converter.convert_backbone_state_dict(
             upstream, reference, log=lambda line: None), path)
     cfg.backbone.init_cfg.checkpoint = str(path)
-    model = build(cfg)
-    model.init_weights()
-    backbone = model.backbone.state_dict()
-    assert set(backbone) == set(reference)  # no missing keys
+    model = build(cfg.backbone)
+    model.init_weights()  # runs as part of the detector's init_weights
+    backbone = model.state_dict()
     pairs = {
         'conv1.conv1_1.conv.weight': 'stem.0.weight',
         'conv1.conv1_3.norm.running_var': 'stem.7.running_var',
-        'res_layers.0.blocks.0.short.conv.weight': 'layer1.0.downsample.1.weight',
+        'res_layers.0.blocks.0.short.conv.weight':
+        'layer1.0.downsample.1.weight',
         'res_layers.3.blocks.1.branch2b.norm.bias': 'layer4.1.bn2.bias',
         'res_layers.2.blocks.0.short.conv.conv.weight':
         'layer3.0.downsample.1.weight',
     }
     for theirs, ours in pairs.items():
         assert torch.equal(backbone[ours], upstream[theirs]), ours
+    # the file covers the backbone: no missing (or unexpected) keys
+    result = model.load_state_dict(
+        torch.load(path, weights_only=True), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
 
     # upstream freeze_at (0 for r50: stem only, -1 for r18) and
     # freeze_norm (r50): the trainable backbone tensors are exactly the
@@ -99,7 +110,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
     model.train()
     trainable = {
         name
-        for name, p in model.backbone.named_parameters() if p.requires_grad
+        for name, p in model.named_parameters() if p.requires_grad
     }
     expected = {
         converter.convert_backbone_state_dict(
@@ -113,7 +124,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
     assert trainable == expected
     norms_in_train_mode = {
         m.training
-        for m in model.backbone.modules()
+        for m in model.modules()
         if isinstance(m, torch.nn.BatchNorm2d)
     }
     assert norms_in_train_mode == {not frozen}
@@ -121,7 +132,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
 
 @pytest.mark.parametrize('version,name', sorted(ZOO_CONFIGS))
 def test_zoo_checkpoint_converts_and_loads_strictly(version, name):
-    upstream = upstream_layout.synthetic_state_dict(upstream_layout.zoo_layout(version, name))
+    upstream = synthetic_zoo_checkpoint(version, name)
     model = build(model_cfg(ZOO_CONFIGS[(version, name)]), meta=True)
     converted = converter.convert_state_dict(
         upstream, model.state_dict(), log=lambda line: None)
@@ -134,7 +145,7 @@ def test_zoo_checkpoint_converts_and_loads_strictly(version, name):
 def test_r101vd_decoder_input_projection_follows_feat_channels():
     cfg = model_cfg(ZOO_CONFIGS[(1, 'r101vd')])
     assert cfg.feat_channels == [384] * 3
-    upstream = upstream_layout.synthetic_state_dict(upstream_layout.zoo_layout(1, 'r101vd'))
+    upstream = synthetic_zoo_checkpoint(1, 'r101vd')
     # negative control: the 256 -> 256 projection of the other sizes
     cfg.feat_channels = None
     model = build(cfg, meta=True)
@@ -152,7 +163,7 @@ def test_m_model_predicts_from_decoder_layer_3():
     cfg = model_cfg(ZOO_CONFIGS[(2, 'r50vd_m')])
     cfg.backbone.init_cfg = None
     model = build(cfg)
-    upstream = upstream_layout.synthetic_state_dict(upstream_layout.zoo_layout(2, 'r50vd_m'), seed=1)
+    upstream = synthetic_zoo_checkpoint(2, 'r50vd_m', seed=1)
     model.load_state_dict(
         converter.convert_state_dict(
             upstream, model.state_dict(), log=lambda line: None),

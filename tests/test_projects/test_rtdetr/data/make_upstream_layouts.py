@@ -1,8 +1,9 @@
-"""Regenerate the pinned upstream key layouts in this folder, and check the
+r"""Regenerate the pinned upstream key layouts in this folder, and check the
 test layout generator (``../upstream_layout.py``) against upstream.
 
     git clone https://github.com/lyuwenyu/RT-DETR /tmp/upstream/RT-DETR
-    git -C /tmp/upstream/RT-DETR checkout 068dfde65f2667ad6555883c69d73de886518cad
+    git -C /tmp/upstream/RT-DETR checkout \
+        068dfde65f2667ad6555883c69d73de886518cad
     python tests/test_projects/test_rtdetr/data/make_upstream_layouts.py \
         /tmp/upstream/RT-DETR [--write]
 
@@ -51,7 +52,8 @@ def load_upstream(root: str):
     sys.modules['src.core'] = core
     if ('torchvision' not in sys.modules
             and importlib.util.find_spec('torchvision') is None):
-        for name in ('torchvision', 'torchvision.ops', 'torchvision.ops.boxes'):
+        for name in ('torchvision', 'torchvision.ops',
+                     'torchvision.ops.boxes'):
             sys.modules[name] = types.ModuleType(name)
         sys.modules['torchvision.ops.boxes'].box_area = None
     return types.SimpleNamespace(
