@@ -199,6 +199,13 @@ class RTDETR(DDPSafeDINO):
             batch_data_samples: OptSampleList = None) -> Tuple[Dict, Dict]:
         """Replaces ``DINO.pre_decoder``: IoU-aware query selection (see
         the class docstring) and, in training, the dn queries."""
+        if memory.size(1) < self.num_queries:
+            raise ValueError(
+                f'RTDETR selects num_queries={self.num_queries} of the '
+                f'{memory.size(1)} feature tokens (level sizes '
+                f'{list(level_shapes)}): too few. Feed larger images (300 '
+                'queries need at least 160x160 px at strides 8/16/32) or '
+                'lower model.num_queries (and model.test_cfg.max_per_img).')
         anchors, valid = self.static_cache.get(
             ('anchors', level_shapes, memory.device, memory.dtype),
             lambda: self.generate_anchors(level_shapes, memory))

@@ -173,3 +173,10 @@ def test_dn_queries_are_drawn_padded_and_inverted_as_upstream():
         ours, samples)
     assert not torch.equal(mmdet_query, label_query)
     assert not torch.allclose(mmdet_box, box_query)
+
+
+def test_too_small_input_for_the_queries_names_the_fix():
+    model = build_tiny().eval()  # 30 queries
+    image = torch.zeros(1, 3, 32, 32)  # 4x4 + 2x2 + 1x1 = 21 tokens
+    with pytest.raises(ValueError, match='num_queries=30 of the 21'):
+        model._forward(image, None)
