@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from .rtdetr_utils import build_tiny, import_project
+from ...test_models.dino_utils import build_model
+from .rtdetr_utils import build_tiny, import_project, tiny_rtdetr_cfg
 
 
 def test_resnet18_vd_has_upstream_first_block_shortcut():
@@ -180,3 +181,41 @@ def test_too_small_input_for_the_queries_names_the_fix():
     image = torch.zeros(1, 3, 32, 32)  # 4x4 + 2x2 + 1x1 = 21 tokens
     with pytest.raises(ValueError, match='num_queries=30 of the 21'):
         model._forward(image, None)
+
+
+def test_v2_xavier_init_of_input_projection_and_ffn():
+    """xavier_init_proj_ffn (rtdetrv2): xavier-uniform bounds, wider than
+    PyTorch's default 1/sqrt(fan_in) for these square-ish layers."""
+    import_project()
+    bounds = {}
+    for flag in (False, True):
+        cfg = tiny_rtdetr_cfg()  # building consumes the head config
+        cfg.xavier_init_proj_ffn = flag
+        model = build_model(cfg)
+        layer = model.decoder.layers[0]
+        bounds[flag] = [
+            model.input_proj[0].conv.weight.abs().max().item(),
+            layer.linear1.weight.abs().max().item()
+        ]
+    fan_in = cfg.decoder.layer_cfg.embed_dims  # 1x1 conv and linear1
+    default_bound = 1 / math.sqrt(fan_in)
+    assert max(bounds[False]) <= default_bound
+    assert min(bounds[True]) > default_bound
+
+
+def test_attention_calls_skip_the_averaged_weights():
+    """need_weights=False in every nn.MultiheadAttention call, as upstream
+    (same output, no attention-weight average)."""
+    from ...test_models.dino_utils import raw_batch
+    model = build_tiny()
+    flags = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.MultiheadAttention):
+            module.register_forward_pre_hook(
+                lambda m, args, kwargs: flags.append(
+                    kwargs.get('need_weights', True)),
+                with_kwargs=True)
+    data = model.data_preprocessor(raw_batch([1, 1]), True)
+    model(**data, mode='loss')
+    # 1 AIFI layer + 2 decoder layers
+    assert flags == [False] * 3

@@ -198,3 +198,60 @@ def test_m_model_predicts_from_decoder_layer_3():
     at_layer_6 = predict()
     assert calls == [0, 1, 2, 3, 4, 5]
     assert not torch.allclose(at_layer_3.scores, at_layer_6.scores)
+
+
+# (epochs, backbone lr, stop epoch of augmentation and multi-scale or None,
+# multi-scale) from upstream's configs/rtdetr*/ *.yml
+RECIPES = {
+    (1, 'r18vd'): (72, 1e-5, None, True),
+    (1, 'r34vd'): (72, 1e-5, None, True),
+    (1, 'r50vd_m'): (72, 1e-5, None, True),
+    (1, 'r50vd'): (72, 1e-5, None, True),
+    (1, 'r101vd'): (72, 1e-6, None, True),
+    (2, 'r18vd'): (120, 1e-4, 117, False),
+    (2, 'r34vd'): (120, 5e-5, 117, True),
+    (2, 'r50vd_m'): (84, 1e-5, 81, True),
+    (2, 'r50vd'): (72, 1e-5, 71, True),
+    (2, 'r101vd'): (72, 1e-6, 71, True),
+}
+
+
+@pytest.mark.parametrize('version,name', sorted(RECIPES))
+def test_zoo_config_recipe_is_upstreams(version, name):
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(CONFIGS, ZOO_CONFIGS[(version, name)]))
+    epochs, backbone_lr, stop_epoch, multi_scale = RECIPES[(version, name)]
+    assert cfg.train_cfg.max_epochs == epochs
+    optim = cfg.optim_wrapper
+    lr_mult = optim.paramwise_cfg.custom_keys['backbone']['lr_mult']
+    assert optim.optimizer.lr * lr_mult == pytest.approx(backbone_lr)
+    assert cfg.sync_bn == 'torch'
+    resize = cfg.model.data_preprocessor.get('batch_augments')
+    assert bool(resize) == multi_scale
+    if multi_scale:
+        assert resize[0].random_size_range == (480, 800)
+    # upstream RandomZoomOut(p=0.5): Expand's own prob, not wrapped again
+    zoom = [t for t in cfg.train_dataloader.dataset.pipeline
+            if t.type == 'Expand' or t.get('transforms', {}).get('type') ==
+            'Expand']
+    assert len(zoom) == 1 and zoom[0].type == 'Expand'
+    assert zoom[0].prob == 0.5
+    hooks = {hook.type: hook for hook in cfg.custom_hooks}
+    assert hooks['EMAHook'].momentum == 1e-4
+    eval_idx = cfg.model.decoder.get('eval_idx', -1)
+    assert eval_idx == (2 if name == 'r50vd_m' else -1)
+    if version == 1:
+        assert optim.get('type', 'OptimWrapper') == 'OptimWrapper'
+        assert not cfg.param_scheduler  # constant lr, no warm-up
+        assert not cfg.model.get('xavier_init_proj_ffn', False)
+        assert 'RTDETRAugmentStopHook' not in hooks
+    else:
+        assert optim.type == 'AmpOptimWrapper'
+        warmup, = cfg.param_scheduler
+        assert (warmup.type, warmup.end) == ('LinearLR', 2000)
+        assert cfg.model.xavier_init_proj_ffn
+        stop = hooks['RTDETRAugmentStopHook']
+        assert stop.switch_epoch == stop_epoch
+        kept = [t.type for t in stop.switch_pipeline]
+        assert not {'PhotoMetricDistortion', 'Expand', 'MinIoURandomCrop'
+                    } & set(kept)
