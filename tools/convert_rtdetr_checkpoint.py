@@ -1,16 +1,34 @@
-"""Convert an official RT-DETR checkpoint (lyuwenyu/RT-DETR, PyTorch v1
-or v2) into a state dict of projects/RT-DETR's ``RTDETR`` model.
+r"""Convert official RT-DETR weights (lyuwenyu/RT-DETR) for projects/RT-DETR.
+
+Two kinds of source file are recognised from their keys:
+
+- a detector checkpoint of rtdetr_pytorch (v1) or rtdetrv2_pytorch (v2),
+  keys ``backbone.*``, ``encoder.*``, ``decoder.*``; the output is a state
+  dict of the ``RTDETR`` model, for ``load_from``:
 
     python tools/convert_rtdetr_checkpoint.py rtdetr_r18vd_dec3_6x_coco.pth \
         checkpoints/rtdetr_r18vd_mmdet.pth \
         --config projects/RT-DETR/configs/rtdetr_r18vd_6x_coco.py
 
+- an ImageNet PResNet-vd backbone (``ResNet18_vd_pretrained_from_paddle.pth``
+  and the r34/r50/r101 files that upstream's presnet.py downloads), keys
+  ``conv1.*`` and ``res_layers.*``; the output is a state dict of
+  ``ResNetVdRTDETR``, for the backbone's ``init_cfg``:
+
+    python tools/convert_rtdetr_checkpoint.py \
+        ResNet50_vd_ssld_v2_pretrained_from_paddle.pth \
+        checkpoints/presnet50vd_ssld_v2_mmdet.pth \
+        --config projects/RT-DETR/configs/rtdetr_r50vd_6x_coco.py
+
 Every mapped key is printed. The conversion fails (exit code 1) when a key
-has no rule, or, with ``--config``, when a converted tensor's shape
-differs from the model's or the model has keys the checkpoint lacks.
-Then set ``load_from`` to the output file.
+has no rule, when the checkpoint uses v2 features the port does not
+implement (discrete sampling, per-level point counts), or, with
+``--config``, when a converted tensor's shape differs from the model's or
+the model has keys the checkpoint lacks. A checkpoint saved after
+upstream's ``deploy()`` converts from its training-form RepVGG weights.
 """
 import argparse
+import os.path as osp
 import pickle
 import re
 import sys
@@ -26,8 +44,15 @@ DERIVED = [
                r'num_points_scale$'),
 ]
 # A RepVGG block fused by upstream's convert_to_deploy(): one biased 3x3
-# conv instead of the conv1/conv2 branches the model has.
-DEPLOY_REPVGG = re.compile(r'\.bottlenecks\.\d+\.conv\.(weight|bias)$')
+# conv next to (after deploy()) or instead of the conv1/conv2 branches the
+# model has.
+DEPLOY_REPVGG = re.compile(r'(.*\.bottlenecks\.\d+)\.conv\.(weight|bias)$')
+# Top-level modules of an upstream detector; a file with none of them and
+# only PResNet keys is an ImageNet backbone.
+DETECTOR_PREFIXES = ('backbone.', 'encoder.', 'decoder.')
+BACKBONE_KEY = re.compile(r'(conv1|res_layers)\.')
+NUM_POINTS_SCALE = re.compile(r'^decoder\.decoder\.layers\.\d+\.cross_attn\.'
+                              r'num_points_scale$')
 
 
 class ConversionError(RuntimeError):
@@ -135,10 +160,7 @@ def convert_state_dict(
         ConversionError: listing unmapped keys, shape mismatches and
             missing keys, all at once.
     """
-    upstream = {
-        (k[len('module.'):] if k.startswith('module.') else k): v
-        for k, v in upstream.items()
-    }
+    upstream = {_strip_module(k): v for k, v in upstream.items()}
     layer_ids = {
         int(m[1])
         for m in (re.match(r'decoder\.dec_score_head\.(\d+)\.', k)
@@ -146,12 +168,17 @@ def convert_state_dict(
     }
     rules = _rules(len(layer_ids))
     converted, unmapped = {}, []
+    problems = _unsupported_features(upstream)
     for key, value in upstream.items():
         if any(p.match(key) for p in DERIVED):
             log(f'skip  {key} (derived, recomputed by the model)')
             continue
-        if DEPLOY_REPVGG.search(key):
-            unmapped.append(key)
+        fused = DEPLOY_REPVGG.match(key)
+        if fused:
+            if f'{fused[1]}.conv1.conv.weight' in upstream:
+                log(f'skip  {key} (deploy-form copy of conv1 + conv2)')
+            else:
+                unmapped.append(key)
             continue
         for pattern, build in rules:
             match = pattern.match(key)
@@ -163,16 +190,79 @@ def convert_state_dict(
         else:
             unmapped.append(key)
     _add_num_batches_tracked(converted, log)
-    problems = [f'unmapped upstream key: {k}' for k in unmapped]
-    if any(DEPLOY_REPVGG.search(k) for k in unmapped):
-        problems.append('(RepVGG blocks in deploy form: convert the '
-                        'checkpoint from before convert_to_deploy())')
+    problems += [f'unmapped upstream key: {k}' for k in unmapped]
+    if any(DEPLOY_REPVGG.match(k) for k in unmapped):
+        problems.append('(RepVGG blocks only in fused deploy form, without '
+                        'conv1/conv2: convert the checkpoint saved before '
+                        'convert_to_deploy())')
     if reference is not None:
         problems += _check_against(converted, reference)
     if problems:
         raise ConversionError('RT-DETR checkpoint conversion failed:\n  ' +
                               '\n  '.join(problems))
     return converted
+
+
+def _unsupported_features(upstream: Dict[str, torch.Tensor]) -> List[str]:
+    """v2 decoders with a different number of sampling points per level
+    (``num_points: [4, 2, 2]`` etc.): mmcv's MultiScaleDeformableAttention,
+    which the port uses, samples the same number on every level, so such
+    weights would load into other sampling positions."""
+    problems = []
+    for key, scale in upstream.items():
+        if NUM_POINTS_SCALE.match(key) and scale.numel() and not bool(
+            (scale == scale.flatten()[0]).all()):
+            problems.append(
+                f'{key} holds per-level num_points (1/n per point: '
+                f'{scale.tolist()}); the port supports the same num_points '
+                'on every level only (decoder.layer_cfg.num_points).')
+    return problems
+
+
+def is_backbone_checkpoint(upstream: Dict[str, torch.Tensor]) -> bool:
+    """True for an ImageNet PResNet file (no detector prefix, PResNet
+    keys), e.g. upstream's ResNet50_vd_ssld_v2_pretrained_from_paddle.pth.
+    """
+    keys = [_strip_module(k) for k in upstream]
+    return bool(keys) and all(
+        BACKBONE_KEY.match(k) and not k.startswith(DETECTOR_PREFIXES)
+        for k in keys)
+
+
+def _strip_module(key: str) -> str:
+    """Drop the ``module.`` prefix of (D)DP-wrapped checkpoints."""
+    return key[len('module.'):] if key.startswith('module.') else key
+
+
+def convert_backbone_state_dict(
+        upstream: Dict[str, torch.Tensor],
+        reference: Optional[Dict[str, torch.Tensor]] = None,
+        log: Callable[[str], None] = print) -> Dict[str, torch.Tensor]:
+    """Map an ImageNet PResNet-vd state dict to ``ResNetVdRTDETR``'s keys.
+
+    The detector rules apply with a ``backbone.`` prefix added to the
+    upstream keys and removed from ours, so both modes share one table.
+
+    Args:
+        upstream (dict): PResNet state dict (keys ``conv1.*``,
+            ``res_layers.*``).
+        reference (dict, optional): The backbone's state dict
+            (``model.backbone.state_dict()``); when given, shapes are
+            checked and every key must be produced.
+        log (callable): Receives one line per mapped key.
+
+    Returns:
+        dict: The converted backbone state dict.
+    """
+    prefix = 'backbone.'
+    converted = convert_state_dict(
+        {prefix + _strip_module(k): v
+         for k, v in upstream.items()},
+        None if reference is None else
+        {prefix + k: v
+         for k, v in reference.items()},
+        log=log)
+    return {k[len(prefix):]: v for k, v in converted.items()}
 
 
 def _add_num_batches_tracked(converted: Dict, log: Callable) -> None:
@@ -201,8 +291,11 @@ def _check_against(converted: Dict, reference: Dict) -> List[str]:
     return problems
 
 
-def reference_state_dict(config: str) -> Dict[str, torch.Tensor]:
-    """State dict of the model that ``config`` builds (random weights)."""
+def reference_state_dict(config: str,
+                         backbone_only: bool = False
+                         ) -> Dict[str, torch.Tensor]:
+    """State dict of the model that ``config`` builds (random weights), or
+    of its backbone."""
     from mmdet.registry import MODELS
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
@@ -211,23 +304,47 @@ def reference_state_dict(config: str) -> Dict[str, torch.Tensor]:
     if cfg.get('custom_imports'):
         import_modules_from_strings(**cfg.custom_imports)
     init_default_scope('mmdet')
+    if backbone_only:
+        return MODELS.build(cfg.model.backbone).state_dict()
     return MODELS.build(cfg.model).state_dict()
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('src', help='upstream RT-DETR checkpoint (.pth)')
-    parser.add_argument('dst', help='output checkpoint for load_from')
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        'src', help='upstream RT-DETR or PResNet-vd checkpoint (.pth)')
+    parser.add_argument(
+        'dst',
+        help='output file: for load_from, or for a PResNet file the '
+        "backbone's init_cfg checkpoint")
     parser.add_argument(
         '--config',
-        help='our model config; checks every shape and that no model key '
-        'is missing (recommended)')
+        help='our model config; checks every shape and that no model (or '
+        'backbone) key is missing (recommended)')
     parser.add_argument(
         '--trust-pickle',
         action='store_true',
         help='load the source with weights_only=False (only for files you '
         'trust, if the safe loader refuses it)')
     return parser.parse_args()
+
+
+def _refuse_discrete_sampling(src: str) -> None:
+    """Upstream's ``_dsp`` checkpoints were trained with
+    ``cross_attn_method: discrete`` (nearest-cell sampling). Their weights
+    look like the default ones, and the port samples bilinearly, so they
+    would load and give other outputs; the file name is the only
+    marker upstream leaves."""
+    if '_dsp' in osp.basename(src):
+        raise ConversionError(
+            f'{src} looks like an rtdetrv2 discrete-sampling checkpoint '
+            "('_dsp', cross_attn_method: discrete). The port implements "
+            'bilinear sampling only, so its outputs would differ. Convert '
+            'the non-dsp checkpoint of the same model instead (e.g. '
+            'rtdetrv2_r18vd_120e_coco.pth for rtdetrv2_r18vd_dsp_3x); rename '
+            'the file if it is not a dsp model.')
 
 
 def main() -> int:
@@ -245,9 +362,16 @@ def main() -> int:
         return 1
     try:
         upstream, source = select_state_dict(checkpoint)
-        print(f'converting {len(upstream)} tensors from {source}')
-        reference = reference_state_dict(args.config) if args.config else None
-        converted = convert_state_dict(upstream, reference)
+        _refuse_discrete_sampling(args.src)
+        backbone = is_backbone_checkpoint(upstream)
+        kind = 'ImageNet PResNet backbone' if backbone else 'RT-DETR'
+        print(f'converting {len(upstream)} tensors ({kind}) from {source}')
+        reference = (
+            reference_state_dict(args.config, backbone)
+            if args.config else None)
+        convert = (
+            convert_backbone_state_dict if backbone else convert_state_dict)
+        converted = convert(upstream, reference)
     except ConversionError as error:
         print(error, file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 # RT-DETR-r18vd, COCO, 72 epochs (upstream rtdetr_r18vd_6x_coco.yml).
 #   bash tools/dist_train.sh projects/RT-DETR/configs/rtdetr_r18vd_6x_coco.py 4
-# Backbone lr 1e-5 (lr_mult 0.1), as upstream.
+# Backbone from ImageNet weights (see _base_/rtdetr_r18vd.py), lr 1e-5
+# (lr_mult 0.1), as upstream.
 # Load upstream weights: tools/convert_rtdetr_checkpoint.py, then load_from.
 _base_ = ['./_base_/rtdetr_coco_6x.py', './_base_/rtdetr_r18vd.py']
 custom_imports = dict(

@@ -1,6 +1,6 @@
 # RT-DETR-r50vd, COCO, 72 epochs (upstream rtdetr_r50vd_6x_coco.yml).
 #   bash tools/dist_train.sh projects/RT-DETR/configs/rtdetr_r50vd_6x_coco.py 4
-# Upstream initialises the backbone from its ImageNet PResNet weights.
+# Backbone from ImageNet SSLD weights (see _base_/rtdetr_r50vd.py).
 # Load upstream weights: tools/convert_rtdetr_checkpoint.py, then load_from.
 _base_ = ['./_base_/rtdetr_coco_6x.py', './_base_/rtdetr_r50vd.py']
 custom_imports = dict(

@@ -5,7 +5,9 @@
 #   bash tools/dist_train.sh projects/RT-DETR/configs/rtdetr_r50vd_custom.py 2
 # Edit data_root, classes and num_classes below. load_from keeps every
 # weight except the class-sized layers (mismatched shapes are skipped
-# with a warning).
+# with a warning); a converted v1 or v2 checkpoint of the same size works
+# (same model keys). The backbone's ImageNet init is off: load_from
+# replaces it.
 _base_ = [
     './_base_/rtdetr_coco_6x.py', './_base_/rtdetr_r50vd.py',
     '../../../configs/_base_/mmddp_ext.py'
@@ -16,7 +18,9 @@ custom_imports = dict(
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)
-model = dict(bbox_head=dict(num_classes=len(classes)))
+model = dict(
+    backbone=dict(init_cfg=None),
+    bbox_head=dict(num_classes=len(classes)))
 train_dataloader = dict(
     dataset=dict(
         data_root=data_root,

@@ -5,11 +5,12 @@ Importing this package registers its components in ``mmdet.registry``.
 from .hybrid_encoder import HybridEncoder
 from .resnet_vd import ResNetVdRTDETR
 from .rtdetr import RTDETR
+from .rtdetr_augment_stop_hook import RTDETRAugmentStopHook
 from .rtdetr_cdn_query_generator import RTDETRCdnQueryGenerator
 from .rtdetr_head import RTDETRHead
 from .rtdetr_varifocal_loss import RTDETRVarifocalLoss
 
 __all__ = [
-    'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR', 'RTDETRCdnQueryGenerator',
-    'RTDETRHead', 'RTDETRVarifocalLoss'
+    'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR', 'RTDETRAugmentStopHook',
+    'RTDETRCdnQueryGenerator', 'RTDETRHead', 'RTDETRVarifocalLoss'
 ]

@@ -8,7 +8,7 @@ from mmengine.model import BaseModule
 from torch import Tensor, nn
 
 from .rtdetr_layers import (AIFIEncoder, ConvNormLayer, CSPRepLayer,
-                            sincos_pos_embed_2d)
+                            StaticTensorCache, sincos_pos_embed_2d)
 
 
 @MODELS.register_module()
@@ -18,7 +18,10 @@ class HybridEncoder(BaseModule):
     FPN and a bottom-up PAN of :class:`CSPRepLayer` fusion blocks).
 
     Module names match upstream's ``HybridEncoder`` (prefix ``encoder.``
-    there, ``neck.`` here), so converted checkpoints load 1:1.
+    there, ``neck.`` here), so converted checkpoints load 1:1. The AIFI
+    position embedding is built once per feature size, device and dtype
+    (upstream rebuilds it on every training step and precomputes only
+    ``eval_spatial_size``'s).
 
     Args:
         in_channels (Sequence[int]): Channels of the backbone levels.
@@ -70,6 +73,8 @@ class HybridEncoder(BaseModule):
         self.use_encoder_idx = list(use_encoder_idx)
         self.num_encoder_layers = num_encoder_layers
         self.pe_temperature = pe_temperature
+        # position embeddings per (width, height, device, dtype)
+        self.pos_embed_cache = StaticTensorCache()
         self.input_proj = nn.ModuleList(
             nn.Sequential(
                 nn.Conv2d(channels, hidden_dim, 1, bias=False),
@@ -127,8 +132,10 @@ class HybridEncoder(BaseModule):
         """AIFI on one level; returns the map in its input layout."""
         bs, channels, height, width = feat.shape
         tokens = feat.flatten(2).transpose(1, 2)
-        pos = sincos_pos_embed_2d(width, height, channels,
-                                  self.pe_temperature).to(tokens)
+        pos = self.pos_embed_cache.get(
+            (width, height, tokens.device, tokens.dtype),
+            lambda: sincos_pos_embed_2d(width, height, channels, self.
+                                        pe_temperature).to(tokens))
         tokens = encoder(tokens, pos)
         return tokens.transpose(1, 2).reshape(bs, channels, height,
                                               width).contiguous()

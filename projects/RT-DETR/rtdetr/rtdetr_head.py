@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_overlaps
 from mmdet.utils import InstanceList, reduce_mean
+from mmengine.structures import InstanceData
 from torch import Tensor
 
 from mmddp_ext.models.dense_heads import DDPSafeDINOHead
@@ -23,7 +24,16 @@ class RTDETRHead(DDPSafeDINOHead):
     ``enc_score_head`` / ``enc_bbox_head`` (query selection), as mmdet's
     two-stage heads lay them out.
 
-    Two upstream methods are replaced; both share
+    ``forward`` replaces ``DeformableDETRHead.forward``: the decoder has
+    already applied ``reg_branches`` (once per layer, see
+    :class:`RTDETRDecoder`) and passes every layer's boxes as
+    ``references``, so only the classification branches run here.
+
+    ``_predict_by_feat_single`` replaces ``DETRHead``'s: the same top-k of
+    the flattened sigmoid scores, but boxes are not clamped to the image,
+    as upstream's ``RTDETRPostProcessor``.
+
+    Two loss methods are replaced; both share
     :meth:`_losses_from_targets`:
 
     - ``DETRHead.loss_by_feat_single`` (matching queries of each decoder
@@ -53,6 +63,58 @@ class RTDETRHead(DDPSafeDINOHead):
                 f'but got {type(self.loss_cls).__name__}. Use '
                 "loss_cls=dict(type='RTDETRVarifocalLoss', alpha=0.75, "
                 'gamma=2.0, loss_weight=1.0).')
+
+    def forward(self, hidden_states: Tensor,
+                references: Tensor) -> Tuple[Tensor, Tensor]:
+        """Class scores of every decoder layer run, next to its boxes.
+
+        Args:
+            hidden_states (Tensor): (num_run, bs, num_queries, dims).
+            references (Tensor): The boxes each layer predicted, normalized
+                (cx, cy, w, h), (num_run, bs, num_queries, 4).
+
+        Returns:
+            tuple[Tensor]: ``all_layers_cls_scores`` (num_run, bs,
+            num_queries, num_classes) and ``all_layers_bbox_preds``
+            (``references``).
+        """
+        scores = torch.stack([
+            branch(states)
+            for branch, states in zip(self.cls_branches, hidden_states)
+        ])
+        return scores, references
+
+    def _predict_by_feat_single(self,
+                                cls_score: Tensor,
+                                bbox_pred: Tensor,
+                                img_meta: dict,
+                                rescale: bool = True) -> InstanceData:
+        """Detections of one image: the ``max_per_img`` best (query,
+        class) pairs of the sigmoid scores, boxes scaled to the image and
+        not clamped.
+
+        Args:
+            cls_score (Tensor): Logits, (num_queries, num_classes).
+            bbox_pred (Tensor): Normalized (cx, cy, w, h), (num_queries, 4).
+            img_meta (dict): Meta information, with ``img_shape`` and, to
+                rescale, ``scale_factor``.
+            rescale (bool): Map boxes back to the original image. Defaults
+                to True.
+
+        Returns:
+            :obj:`InstanceData`: ``bboxes`` (x1, y1, x2, y2), ``scores``,
+            ``labels``.
+        """
+        max_per_img = self.test_cfg.get('max_per_img', len(cls_score))
+        scores, indexes = cls_score.sigmoid().flatten().topk(max_per_img)
+        boxes = bbox_cxcywh_to_xyxy(bbox_pred[indexes // self.num_classes])
+        height, width = img_meta['img_shape']
+        boxes = boxes * boxes.new_tensor([width, height, width, height])
+        if rescale:
+            boxes = boxes / boxes.new_tensor(
+                img_meta['scale_factor']).repeat((1, 2))
+        return InstanceData(
+            bboxes=boxes, scores=scores, labels=indexes % self.num_classes)
 
     def loss_by_feat_single(self, cls_scores: Tensor, bbox_preds: Tensor,
                             batch_gt_instances: InstanceList,

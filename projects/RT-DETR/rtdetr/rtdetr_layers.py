@@ -113,7 +113,9 @@ class AIFILayer(nn.Module):
 
     def forward(self, x: Tensor, pos_embed: Tensor) -> Tensor:
         q = k = x + pos_embed
-        x = self.norm1(x + self.dropout1(self.self_attn(q, k, x)[0]))
+        # need_weights=False as upstream: same output, no averaged weights
+        attn = self.self_attn(q, k, x, need_weights=False)[0]
+        x = self.norm1(x + self.dropout1(attn))
         ffn = self.linear2(self.dropout(self.activation(self.linear1(x))))
         return self.norm2(x + self.dropout2(ffn))
 
@@ -200,7 +202,8 @@ class RTDETRDecoderLayer(nn.Module):
                 level_start_index: Tensor,
                 attn_mask=None) -> Tensor:
         q = k = query + query_pos
-        attn = self.self_attn(q, k, query, attn_mask=attn_mask)[0]
+        attn = self.self_attn(
+            q, k, query, attn_mask=attn_mask, need_weights=False)[0]
         query = self.norm1(query + self.dropout1(attn))
         # mmcv adds query_pos to the query and the (dropped-out) output to
         # the identity (the query without pos), as upstream does.
@@ -223,33 +226,83 @@ class RTDETRDecoder(nn.Module):
 
     Layer ``i`` attends around the detached boxes of layer ``i - 1`` (the
     selected encoder boxes for ``i = 0``), with the position embedding
-    ``query_pos_head(boxes)``, and refines them with ``reg_branches[i]``.
-    Returns every layer's output and the references the head adds its box
-    deltas to: the initial boxes, then each layer's refined boxes *not*
-    detached, so layer ``i``'s boxes get gradients through layer
-    ``i - 1``'s regression branch as in upstream's training mode.
+    ``query_pos_head(boxes)``, and refines them with ``reg_branches[i]``,
+    which runs once per layer. Its output box is
+    ``sigmoid(delta_i + inverse_sigmoid(refined_{i-1}))`` with
+    ``refined_{i-1}`` *not* detached, so layer ``i``'s boxes get gradients
+    through layer ``i - 1``'s regression branch as in upstream's training
+    mode; the next layer gets the same values detached.
+
+    In eval mode the loop stops after layer ``eval_idx`` (upstream's
+    ``TransformerDecoder``), whose predictions are then the last ones.
 
     Args:
         num_layers (int): Number of decoder layers.
         layer_cfg (dict): Keyword arguments of :class:`RTDETRDecoderLayer`.
+        eval_idx (int): Decoder layer whose predictions are evaluated;
+            negative values count from the end (upstream ``eval_idx``:
+            -1, or 2 for the -M models). Defaults to -1.
     """
 
-    def __init__(self, num_layers: int, layer_cfg: dict) -> None:
+    def __init__(self,
+                 num_layers: int,
+                 layer_cfg: dict,
+                 eval_idx: int = -1) -> None:
         super().__init__()
+        if not -num_layers <= eval_idx < num_layers:
+            raise ValueError(
+                f'RTDETR decoder.eval_idx must be in [-{num_layers}, '
+                f'{num_layers - 1}] for decoder.num_layers={num_layers}, '
+                f'but got {eval_idx}. Use -1 for the last layer.')
         self.num_layers = num_layers
+        self.eval_idx = eval_idx % num_layers
         self.layers = nn.ModuleList(
             [RTDETRDecoderLayer(**layer_cfg) for _ in range(num_layers)])
 
     def forward(self, query: Tensor, reference_points: Tensor, memory: Tensor,
                 spatial_shapes: Tensor, level_start_index: Tensor, attn_mask,
                 reg_branches, query_pos_head) -> tuple:
-        hidden_states, references = [], [reference_points]
-        boxes = reference_points
-        for layer, reg_branch in zip(self.layers, reg_branches):
+        """Run the layers.
+
+        Returns:
+            tuple[Tensor]: Hidden states and predicted (cx, cy, w, h)
+            boxes of every layer run, (num_run, bs, num_queries, dims)
+            and (num_run, bs, num_queries, 4); ``num_run`` is
+            ``num_layers`` in training and ``eval_idx + 1`` in eval mode.
+        """
+        hidden_states, layer_boxes = [], []
+        boxes = reference_points  # detached input boxes of this layer
+        refined = reference_points  # previous refined boxes, in graph
+        num_run = self.num_layers if self.training else self.eval_idx + 1
+        for layer, reg_branch in zip(self.layers[:num_run], reg_branches):
             query = layer(query, query_pos_head(boxes), memory, boxes,
                           spatial_shapes, level_start_index, attn_mask)
-            refined = (reg_branch(query) + inverse_sigmoid(boxes)).sigmoid()
+            delta = reg_branch(query)
             hidden_states.append(query)
-            references.append(refined)
+            layer_boxes.append((delta + inverse_sigmoid(refined)).sigmoid())
+            refined = (delta + inverse_sigmoid(boxes)).sigmoid()
             boxes = refined.detach()
-        return torch.stack(hidden_states), references
+        return torch.stack(hidden_states), torch.stack(layer_boxes)
+
+
+class StaticTensorCache:
+    """Tensors that depend only on a feature size, device and dtype
+    (position embeddings, anchors), built once per key.
+
+    Not a buffer: nothing enters the state dict, and a new input size or
+    device just adds an entry. ``enabled = False`` rebuilds on every call
+    (the uncached behaviour, for benchmarks).
+    """
+
+    def __init__(self) -> None:
+        self.enabled = True
+        self._entries = {}
+
+    def get(self, key: tuple, build):
+        """``build()``'s result for ``key``, built at most once while
+        enabled."""
+        if not self.enabled:
+            return build()
+        if key not in self._entries:
+            self._entries[key] = build()
+        return self._entries[key]

@@ -12,11 +12,13 @@ import json
 import os.path as osp
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
 
 from .rtdetr_utils import R18VD_CONFIG, REPO_ROOT, import_project
+from .upstream_layout import synthetic_state_dict
 
 DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
 CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_rtdetr_checkpoint.py')
@@ -40,12 +42,7 @@ select_state_dict = converter.select_state_dict
 def upstream_state_dict(version: int, seed: int = 0) -> dict:
     """Random tensors with upstream's exact r18vd keys and shapes."""
     with open(osp.join(DATA, f'rtdetr_r18vd_v{version}_keys.json')) as f:
-        layout = json.load(f)
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        key: (torch.randn(shape, generator=gen) if shape else torch.tensor(7))
-        for key, shape in layout.items()
-    }
+        return synthetic_state_dict(json.load(f), seed)
 
 
 @pytest.fixture(scope='module')
@@ -116,11 +113,30 @@ def test_unknown_and_misshaped_keys_fail_loudly(r18vd_model):
             r'bbox_head.cls_branches.3.weight .*\(91, 256\)'):
         convert_state_dict(upstream, reference, log=lambda line: None)
 
+    # upstream deploy() adds the fused conv next to conv1/conv2: skipped
     upstream = upstream_state_dict(1)
-    upstream['encoder.pan_blocks.0.bottlenecks.1.conv.weight'] = \
-        torch.zeros(128, 128, 3, 3)
-    with pytest.raises(ConversionError, match='deploy form'):
+    block = 'encoder.pan_blocks.0.bottlenecks.1'
+    upstream[f'{block}.conv.weight'] = torch.zeros(128, 128, 3, 3)
+    upstream[f'{block}.conv.bias'] = torch.zeros(128)
+    lines = []
+    converted = convert_state_dict(upstream, reference, log=lines.append)
+    assert f'skip  {block}.conv.bias (deploy-form copy of conv1 + conv2)' \
+        in lines and len(converted) == len(reference)
+    # without the training-form branches there is nothing to convert from
+    for key in [k for k in upstream if k.startswith(f'{block}.conv')]:
+        if '.conv1.' in key or '.conv2.' in key:
+            del upstream[key]
+    with pytest.raises(ConversionError, match='only in fused deploy form'):
         convert_state_dict(upstream, log=lambda line: None)
+
+    # v2 per-level num_points: mmcv's attention samples n on every level
+    upstream = upstream_state_dict(2)
+    scale = 'decoder.decoder.layers.1.cross_attn.num_points_scale'
+    upstream[scale] = torch.tensor([1 / 4] * 4 + [1 / 2] * 2 + [1 / 2] * 2)
+    with pytest.raises(ConversionError, match='per-level num_points'):
+        convert_state_dict(upstream, log=lambda line: None)
+    upstream[scale] = torch.full((12, ), 0.25)
+    convert_state_dict(upstream, log=lambda line: None)
 
     upstream = upstream_state_dict(1)
     del upstream['decoder.query_pos_head.layers.1.bias']
@@ -152,7 +168,7 @@ def test_ema_weights_are_preferred_and_frozen_bn_is_filled():
     assert len(converted) == len(ema)
 
 
-def test_cli_exit_codes(tmp_path):
+def test_cli_exit_codes(tmp_path, capsys):
     good = upstream_state_dict(2)
     torch.save({'model': good}, tmp_path / 'good.pth')
     bad = dict(good, **{'decoder.extra.weight': torch.zeros(2)})
@@ -178,3 +194,27 @@ def test_cli_exit_codes(tmp_path):
     assert failed.returncode == 1
     assert 'unmapped upstream key: decoder.extra.weight' in failed.stderr
     assert not osp.exists(tmp_path / 'bad.pth.out')
+    # further cases in-process (same main(), no interpreter start-up)
+    def main(*argv):
+        with mock.patch.object(sys, 'argv', ['convert', *map(str, argv)]):
+            return converter.main()
+
+    torch.save({'model': good}, tmp_path / 'rtdetrv2_r18vd_dsp_3x_coco.pth')
+    assert main(tmp_path / 'rtdetrv2_r18vd_dsp_3x_coco.pth',
+                tmp_path / 'dsp.out') == 1
+    assert 'discrete' in capsys.readouterr().err
+    # an ImageNet PResNet file (no detector prefixes) is recognised
+    backbone = {
+        key[len('backbone.'):]: value
+        for key, value in good.items() if key.startswith('backbone.')
+    }
+    torch.save(backbone, tmp_path / 'presnet18.pth')
+    assert main(tmp_path / 'presnet18.pth', tmp_path / 'presnet18.out') == 0
+    assert 'ImageNet PResNet backbone' in capsys.readouterr().out
+    saved = torch.load(tmp_path / 'presnet18.out', weights_only=True)
+    assert 'stem.0.weight' in saved['state_dict']
+    # --help is the whole docstring, not its first line cut off
+    with pytest.raises(SystemExit):
+        main('--help')
+    assert "A checkpoint saved after\nupstream's ``deploy()``" in \
+        capsys.readouterr().out

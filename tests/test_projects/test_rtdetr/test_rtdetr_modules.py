@@ -1,11 +1,13 @@
 """RT-DETR building blocks: backbone shortcut, position embedding,
 neck/detector config errors and the evaluation path."""
 import importlib
+import math
 
 import pytest
 import torch
 
-from .rtdetr_utils import build_tiny, import_project
+from ...test_models.dino_utils import build_model
+from .rtdetr_utils import build_tiny, import_project, tiny_rtdetr_cfg
 
 
 def test_resnet18_vd_has_upstream_first_block_shortcut():
@@ -54,14 +56,166 @@ def test_config_errors_name_the_key():
         neck([torch.zeros(1, 8, 4, 4)])
 
 
-def test_predict_returns_boxes_inside_the_image():
+def test_predict_runs_and_boxes_are_not_clamped_as_upstream():
+    from mmdet.models.dense_heads import DETRHead
+
     from ...test_models.dino_utils import raw_batch
     model = build_tiny().eval()
     with torch.no_grad():
         data = model.data_preprocessor(raw_batch([1, 0]), False)
         results = model(**data, mode='predict')
     for result in results:
-        boxes = result.pred_instances.bboxes
-        assert boxes.shape == (30, 4)  # test_cfg.max_per_img
-        assert torch.isfinite(boxes).all()
-        assert boxes.min() >= 0 and boxes.max() <= 96
+        assert result.pred_instances.bboxes.shape == (30, 4)  # max_per_img
+        assert torch.isfinite(result.pred_instances.bboxes).all()
+    # a query whose box crosses the left border, x1 = -0.1 of the width
+    head = model.bbox_head
+    scores = torch.full((30, 2), -9.)
+    scores[3, 1] = 9.
+    boxes = torch.full((30, 4), 0.5)
+    boxes[3] = torch.tensor([0.05, 0.5, 0.3, 0.2])
+    meta = dict(img_shape=(50, 100), scale_factor=(2., 2.))
+    ours = head._predict_by_feat_single(scores, boxes, meta)
+    assert ours.labels[0] == 1
+    torch.testing.assert_close(ours.bboxes[0],
+                               torch.tensor([-5., 10., 10., 15.]))
+    # negative control: mmdet's DETRHead clamps x1 to 0
+    stock = DETRHead._predict_by_feat_single(head, scores, boxes, meta)
+    assert stock.bboxes[0, 0] == 0
+
+
+def test_static_tensors_are_built_once_per_size_and_boxes_once_per_layer():
+    """Position embeddings and anchors come from the cache after the first
+    forward of a size; every regression branch runs once per layer. With
+    the cache disabled (the old behaviour) they are rebuilt every time."""
+    from unittest import mock
+
+    from ...test_models.dino_utils import raw_batch
+    layers = importlib.import_module('projects.RT-DETR.rtdetr.rtdetr_layers')
+    model = build_tiny()
+    reg_calls = []
+    for branch in model.bbox_head.reg_branches:
+        branch.register_forward_hook(lambda *args: reg_calls.append(1))
+    builds = {'pos': 0, 'anchors': 0}
+    pos_embed = layers.sincos_pos_embed_2d
+    anchors = model.generate_anchors
+
+    def count(name, fn):
+
+        def wrapped(*args, **kwargs):
+            builds[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    def step():
+        data = model.data_preprocessor(raw_batch([2, 1]), True)
+        model(**data, mode='loss')
+
+    with mock.patch.object(
+            importlib.import_module('projects.RT-DETR.rtdetr.hybrid_encoder'),
+            'sincos_pos_embed_2d', count('pos', pos_embed)), \
+            mock.patch.object(model, 'generate_anchors',
+                              count('anchors', anchors)):
+        step()
+        step()
+        assert builds == {'pos': 1, 'anchors': 1}
+        # one encoder selection + one pass per decoder layer, per step
+        assert len(reg_calls) == 2 * (1 + model.decoder.num_layers)
+        model.static_cache.enabled = False
+        model.neck.pos_embed_cache.enabled = False
+        step()
+        assert builds == {'pos': 2, 'anchors': 2}
+
+
+def test_dn_queries_are_drawn_padded_and_inverted_as_upstream():
+    """Upstream pads GT to the batch maximum (class num_classes, box 0),
+    draws the label-noise numbers over every query (rand, then randint),
+    and inverts boxes with eps 1e-5; mmdet's generator does not."""
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+
+    from mmddp_ext.models.layers import DDPSafeCdnQueryGenerator
+    num_classes, dims = 3, 4
+    kwargs = dict(
+        num_classes=num_classes,
+        embed_dims=dims,
+        num_matching_queries=5,
+        label_noise_scale=1.0,
+        box_noise_scale=1e-20,  # on (mmdet requires it), but no shift
+        group_cfg=dict(dynamic=True, num_groups=None, num_dn_queries=4))
+    ours = import_project().RTDETRCdnQueryGenerator(**kwargs)
+    samples = []
+    for count in (2, 1):
+        sample = DetDataSample(metainfo=dict(img_shape=(10, 20)))
+        sample.gt_instances = InstanceData(
+            bboxes=torch.tensor([[2., 1., 6., 5.]] * count),
+            labels=torch.arange(count))
+        samples.append(sample)
+    torch.manual_seed(0)
+    label_query, box_query, _, meta = ours(samples)
+    assert meta['num_denoising_groups'] == 2  # 4 // max 2 GT
+    # upstream's draws: over all bs x (2 * groups * max_gt) queries
+    torch.manual_seed(0)
+    flip = torch.rand(2, 8) < 0.5
+    noisy = torch.randint(0, num_classes, (2, 8), dtype=torch.int32)
+    labels = torch.tensor([[0, 1], [0, num_classes]]).tile([1, 4])
+    is_gt = torch.tensor([[True, True], [True, False]]).tile([1, 4])
+    expected = torch.where(flip & is_gt, noisy.long(), labels)
+    torch.testing.assert_close(label_query, ours.label_embedding(expected))
+    # the padded query (image 1, slot 1) is box 0 through eps 1e-5
+    padded = box_query[1, 1::2]
+    torch.testing.assert_close(padded,
+                               torch.full_like(padded, math.log(1e-5)))
+    torch.testing.assert_close(
+        box_query[0, 0].sigmoid(), torch.tensor([0.2, 0.3, 0.2, 0.4]))
+    # negative control: mmdet's generator (the parent) draws otherwise
+    torch.manual_seed(0)
+    mmdet_query, mmdet_box, _, _ = DDPSafeCdnQueryGenerator.__call__(
+        ours, samples)
+    assert not torch.equal(mmdet_query, label_query)
+    assert not torch.allclose(mmdet_box, box_query)
+
+
+def test_too_small_input_for_the_queries_names_the_fix():
+    model = build_tiny().eval()  # 30 queries
+    image = torch.zeros(1, 3, 32, 32)  # 4x4 + 2x2 + 1x1 = 21 tokens
+    with pytest.raises(ValueError, match='num_queries=30 of the 21'):
+        model._forward(image, None)
+
+
+def test_v2_xavier_init_of_input_projection_and_ffn():
+    """xavier_init_proj_ffn (rtdetrv2): xavier-uniform bounds, wider than
+    PyTorch's default 1/sqrt(fan_in) for these square-ish layers."""
+    import_project()
+    bounds = {}
+    for flag in (False, True):
+        cfg = tiny_rtdetr_cfg()  # building consumes the head config
+        cfg.xavier_init_proj_ffn = flag
+        model = build_model(cfg)
+        layer = model.decoder.layers[0]
+        bounds[flag] = [
+            model.input_proj[0].conv.weight.abs().max().item(),
+            layer.linear1.weight.abs().max().item()
+        ]
+    fan_in = cfg.decoder.layer_cfg.embed_dims  # 1x1 conv and linear1
+    default_bound = 1 / math.sqrt(fan_in)
+    assert max(bounds[False]) <= default_bound
+    assert min(bounds[True]) > default_bound
+
+
+def test_attention_calls_skip_the_averaged_weights():
+    """need_weights=False in every nn.MultiheadAttention call, as upstream
+    (same output, no attention-weight average)."""
+    from ...test_models.dino_utils import raw_batch
+    model = build_tiny()
+    flags = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.MultiheadAttention):
+            module.register_forward_pre_hook(
+                lambda m, args, kwargs: flags.append(
+                    kwargs.get('need_weights', True)),
+                with_kwargs=True)
+    data = model.data_preprocessor(raw_batch([1, 1]), True)
+    model(**data, mode='loss')
+    # 1 AIFI layer + 2 decoder layers
+    assert flags == [False] * 3

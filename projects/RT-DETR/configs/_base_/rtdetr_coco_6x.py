@@ -1,9 +1,12 @@
-# COCO data, 72-epoch schedule and EMA of upstream RT-DETR
-# (include/dataloader.yml, include/optimizer.yml): 640x640 inputs, photometric
-# distortion, zoom-out, IoU crop, flip; 4 images per GPU on 4 GPUs; AdamW
-# lr 1e-4 (backbone 1e-5), weight decay 1e-4 (0 on norms and biases of
-# the encoder/decoder), grad clip 0.1, EMA 0.9999 with 2000 warm-up steps.
-# mmdet transforms stand in for upstream's torchvision v2 ones.
+# COCO data, 72-epoch schedule and EMA of upstream RT-DETR v1
+# (rtdetr_pytorch/configs/runtime.yml, include/dataloader.yml,
+# include/optimizer.yml, include/rtdetr_r50vd.yml): 640x640 inputs,
+# photometric distortion, zoom-out (p=0.5), IoU crop (p=0.8), flip; batch
+# scale drawn from 480-800 px (multi_scale); 4 images per GPU on 4 GPUs;
+# SyncBN; AdamW lr 1e-4 (backbone 1e-5), weight decay 1e-4 (0 on norms
+# and biases), grad clip 0.1, constant lr (no warm-up in v1), EMA 0.9999
+# with 2000 warm-up steps. mmdet transforms stand in for upstream's
+# torchvision v2 ones.
 _base_ = ['mmdet::_base_/default_runtime.py']
 dataset_type = 'CocoDataset'
 data_root = 'data/coco/'
@@ -12,10 +15,9 @@ train_pipeline = [
     dict(type='LoadImageFromFile', backend_args=backend_args),
     dict(type='LoadAnnotations', with_bbox=True),
     dict(type='PhotoMetricDistortion'),
-    dict(
-        type='RandomApply',
-        transforms=dict(type='Expand', mean=[0, 0, 0], ratio_range=(1, 4)),
-        prob=0.5),
+    # upstream RandomZoomOut(p=0.5); Expand draws its own prob, so no
+    # RandomApply around it (that would fire with p=0.25)
+    dict(type='Expand', mean=[0, 0, 0], ratio_range=(1, 4), prob=0.5),
     dict(
         type='RandomApply', transforms=dict(type='MinIoURandomCrop'),
         prob=0.8),
@@ -69,6 +71,11 @@ val_evaluator = dict(
     backend_args=backend_args)
 test_evaluator = val_evaluator
 
+# multi-scale training: model.data_preprocessor.batch_augments (in the
+# model bases, which own model)
+# upstream runtime.yml sync_bn: True (no-op on one process)
+sync_bn = 'torch'
+
 max_epochs = 72
 train_cfg = dict(
     type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
@@ -83,22 +90,17 @@ optim_wrapper = dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
         custom_keys={'backbone': dict(lr_mult=0.1)}))
-# upstream: constant lr (MultiStepLR milestone 1000 epochs) after a
-# 2000-iteration linear warm-up
-param_scheduler = [
-    dict(
-        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=2000)
-]
+# upstream v1: constant lr (MultiStepLR milestone 1000 epochs), no warm-up
+param_scheduler = []
 # upstream ModelEMA: decay 0.9999 * (1 - exp(-updates / 2000)); mmdet's
 # ExpMomentumEMA with momentum 1 - 0.9999 and gamma 2000 is the same curve.
-custom_hooks = [
-    dict(
-        type='EMAHook',
-        ema_type='ExpMomentumEMA',
-        momentum=0.0001,
-        gamma=2000,
-        update_buffers=True,
-        priority=49)
-]
+ema_hook = dict(
+    type='EMAHook',
+    ema_type='ExpMomentumEMA',
+    momentum=0.0001,
+    gamma=2000,
+    update_buffers=True,
+    priority=49)
+custom_hooks = [ema_hook]
 default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=1))
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -1,10 +1,20 @@
 # RT-DETR-R50vd model, upstream rtdetr_pytorch/configs/rtdetr/include/
-# rtdetr_r50vd.yml: PResNet-50-vd (freeze_at 0, frozen norms), hybrid
-# encoder (256-d, 1 AIFI layer on stride 32, expansion 1.0), decoder with
-# 6 layers, 300 queries, 4 points per level, 100 dn queries, VFL 1 / L1 5
-# / GIoU 2, matcher class 2 / L1 5 / GIoU 2.
+# rtdetr_r50vd.yml: PResNet-50-vd from ImageNet (SSLD v2) weights, stem
+# frozen (freeze_at 0 = mmdet frozen_stages 0) and every BN frozen
+# (freeze_norm = norm_eval + requires_grad False), hybrid encoder (256-d,
+# 1 AIFI layer on stride 32, expansion 1.0), decoder with 6 layers, 300
+# queries, 4 points per level, 100 dn queries, VFL 1 / L1 5 / GIoU 2,
+# matcher class 2 / L1 5 / GIoU 2, multi-scale training 480-800 px.
+#
+# pretrained_backbone: upstream's ImageNet file converted by
+#   python tools/convert_rtdetr_checkpoint.py \
+#       ResNet50_vd_ssld_v2_pretrained_from_paddle.pth \
+#       checkpoints/presnet50vd_ssld_v2_mmdet.pth
+# (from github.com/lyuwenyu/storage/releases/download/v0.1/); another
+# path: --cfg-options model.backbone.init_cfg.checkpoint=PATH
 embed_dims = 256
 num_levels = 3
+pretrained_backbone = 'checkpoints/presnet50vd_ssld_v2_mmdet.pth'
 model = dict(
     type='RTDETR',
     num_queries=300,
@@ -15,7 +25,17 @@ model = dict(
         mean=[0, 0, 0],
         std=[255, 255, 255],
         bgr_to_rgb=True,
-        pad_size_divisor=32),
+        pad_size_divisor=32,
+        # upstream RTDETR.multi_scale: one square size per batch from 480
+        # to 800 (nearest interpolation after collation); mmdet draws
+        # multiples of 32 uniformly (bilinear) and scales the boxes along
+        batch_augments=[
+            dict(
+                type='BatchSyncRandomResize',
+                random_size_range=(480, 800),
+                size_divisor=32,
+                interval=1)
+        ]),
     backbone=dict(
         type='ResNetVdRTDETR',
         depth=50,
@@ -24,7 +44,7 @@ model = dict(
         frozen_stages=0,
         norm_cfg=dict(type='BN', requires_grad=False),
         norm_eval=True,
-        init_cfg=None),
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained_backbone)),
     neck=dict(
         type='HybridEncoder',
         in_channels=[512, 1024, 2048],

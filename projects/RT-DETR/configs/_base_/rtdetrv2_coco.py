@@ -1,0 +1,38 @@
+# COCO recipe of upstream RT-DETRv2 (rtdetrv2_pytorch/configs/runtime.yml,
+# rtdetrv2/include/dataloader.yml, include/optimizer.yml) on top of v1's
+# data and EMA (rtdetr_coco_6x.py): AMP, a 2000-iteration linear lr
+# warm-up, weight decay 0 on norms only (biases keep it), and from epoch
+# stop_epoch (0-based) on neither photometric distortion, zoom-out and IoU
+# crop (the transforms 'policy') nor multi-scale batches (the collate
+# function's stop_epoch): RTDETRAugmentStopHook. 72 epochs, stop 71; the
+# model configs set their own.
+_base_ = ['./rtdetr_coco_6x.py']
+optim_wrapper = dict(
+    type='AmpOptimWrapper',
+    loss_scale='dynamic',
+    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=1.0))
+# upstream LinearWarmup: lr factor min(1, (step + 1) / 2000)
+param_scheduler = [
+    dict(
+        type='LinearLR',
+        start_factor=1 / 2000,
+        by_epoch=False,
+        begin=0,
+        end=2000)
+]
+no_aug_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=None),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='Resize', scale=(640, 640), keep_ratio=False),
+    dict(type='PackDetInputs')
+]
+stop_epoch = 71
+custom_hooks = [
+    {{_base_.ema_hook}},
+    dict(
+        type='RTDETRAugmentStopHook',
+        switch_epoch=stop_epoch,
+        switch_pipeline=no_aug_pipeline)
+]

@@ -1,0 +1,22 @@
+# RT-DETRv2-M* (r34vd), COCO, 120 epochs (upstream
+# rtdetrv2_r34vd_120e_coco.yml):
+# backbone lr 5e-5 (lr_mult 0.5), augmentation and multi-scale off from
+# epoch 117.
+#   bash tools/dist_train.sh \
+#       projects/RT-DETR/configs/rtdetrv2_r34vd_120e_coco.py 4
+_base_ = ['./_base_/rtdetrv2_coco.py', './_base_/rtdetr_r34vd.py']
+custom_imports = dict(
+    imports=['mmddp_ext', 'projects.RT-DETR.rtdetr'],
+    allow_failed_imports=False)
+model = dict(xavier_init_proj_ffn=True)
+optim_wrapper = dict(
+    paramwise_cfg=dict(custom_keys={'backbone': dict(lr_mult=0.5)}))
+max_epochs = 120
+train_cfg = dict(max_epochs=max_epochs)
+custom_hooks = [
+    {{_base_.ema_hook}},
+    dict(
+        type='RTDETRAugmentStopHook',
+        switch_epoch=117,
+        switch_pipeline={{_base_.no_aug_pipeline}})
+]

@@ -1,0 +1,9 @@
+# RT-DETRv2-L (r50vd), COCO, 72 epochs (upstream rtdetrv2_r50vd_6x_coco.yml):
+# backbone lr 1e-5, augmentation and multi-scale off from epoch 71.
+#   bash tools/dist_train.sh \
+#       projects/RT-DETR/configs/rtdetrv2_r50vd_6x_coco.py 4
+_base_ = ['./_base_/rtdetrv2_coco.py', './_base_/rtdetr_r50vd.py']
+custom_imports = dict(
+    imports=['mmddp_ext', 'projects.RT-DETR.rtdetr'],
+    allow_failed_imports=False)
+model = dict(xavier_init_proj_ffn=True)
