@@ -3,6 +3,7 @@ naming every head key, on every entry point (issue 13)."""
 import json
 import os.path as osp
 import sys
+import threading
 
 import pytest
 
@@ -72,33 +73,45 @@ def _commands(root, tmp_path):
     }
 
 
-@pytest.mark.parametrize('entry', [
-    'tools/train.py', 'tools/test.py', 'mmdet tools/train.py',
-    'tools/dist_train.sh 2 ranks'
-])
-def test_mismatch_stops_at_start_up(three_class_root, tmp_path, entry):
-    cmd = _commands(three_class_root, tmp_path)[entry]
-    result = run_command(
-        cmd,
-        timeout=120,
-        cwd=REPO_ROOT,
-        env={
-            'PYTHONPATH': REPO_ROOT,
-            'PORT': str(free_port()),
-            'PYTHON': sys.executable
-        },
-        check=False)
-    out = result.stdout
-    assert result.returncode != 0, out[-3000:]
-    assert 'ValueError: ' in out and 'the dataset has 3 classes' in out, \
-        out[-3000:]
-    for key in HEAD_KEYS:
-        assert key in out
-    # Stopped before the runner was built: no hooks listed, no model.
-    assert 'Hooks will be executed' not in out
-    if entry.startswith('tools/dist_train.sh'):
-        # Every rank reports it (each rank's traceback is in the output).
-        assert 'rank 0 of 2 stops' in out and 'rank 1 of 2 stops' in out
+def test_mismatch_stops_at_start_up_on_every_entry_point(
+        three_class_root, tmp_path):
+    """The four entry points run side by side (each mostly imports)."""
+    results = {}
+
+    def run(entry, cmd):
+        results[entry] = run_command(
+            cmd,
+            timeout=150,
+            cwd=REPO_ROOT,
+            env={
+                'PYTHONPATH': REPO_ROOT,
+                'PORT': str(free_port()),
+                'PYTHON': sys.executable
+            },
+            check=False)
+
+    threads = [
+        threading.Thread(target=run, args=item)
+        for item in _commands(three_class_root, tmp_path).items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4
+    for entry, result in results.items():
+        out = result.stdout
+        assert result.returncode != 0, f'{entry}:\n{out[-3000:]}'
+        assert 'ValueError: ' in out and 'the dataset has 3 classes' in out, \
+            f'{entry}:\n{out[-3000:]}'
+        for key in HEAD_KEYS:
+            assert key in out, entry
+        # Stopped before the runner was built: no hooks listed, no model.
+        assert 'Hooks will be executed' not in out, entry
+    # Every rank of the 2-rank launch reports it (each rank's traceback is
+    # in the launcher's output).
+    out = results['tools/dist_train.sh 2 ranks'].stdout
+    assert 'rank 0 of 2 stops' in out and 'rank 1 of 2 stops' in out
 
 
 def test_without_the_check_training_crashes_deep_inside(
