@@ -47,8 +47,9 @@ def _scale_options(node: Any, key: str) -> Dict[str, Any]:
     """Options that set every resize scale / crop size in a pipeline to
     IMAGE_SIZE, with list indices spelled as --cfg-options expects."""
     options = {}
-    if isinstance(node, (list, tuple)) and not all(
-            isinstance(v, (int, float)) for v in node):
+    if isinstance(
+            node,
+        (list, tuple)) and not all(isinstance(v, (int, float)) for v in node):
         for index, child in enumerate(node):
             options.update(_scale_options(child, f'{key}.{index}'))
     elif isinstance(node, dict):

@@ -46,8 +46,9 @@ def _mmdet_train_py():
 
 def _commands(root, tmp_path):
     options = ['--cfg-options'] + [
-        f'{key}=({",".join(value)})' if isinstance(value, tuple) else
-        f'{key}={value}' for key, value in three_class_overrides(root).items()
+        f'{key}=({",".join(value)})'
+        if isinstance(value, tuple) else f'{key}={value}'
+        for key, value in three_class_overrides(root).items()
     ]
     checkpoint = tmp_path / 'unused.pth'
     checkpoint.write_bytes(b'')
@@ -64,7 +65,8 @@ def _commands(root, tmp_path):
             str(checkpoint), *work, *options
         ],
         'mmdet tools/train.py':
-        [sys.executable, _mmdet_train_py(), CO_DINO_TINY, *work, *options],
+        [sys.executable,
+         _mmdet_train_py(), CO_DINO_TINY, *work, *options],
         'tools/dist_train.sh 2 ranks': [
             'bash',
             osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), CO_DINO_TINY, '2',
@@ -127,8 +129,7 @@ def test_without_the_check_training_crashes_deep_inside(
     monkeypatch.setattr(mmddp_ext.ExtRunner, '_check_class_counts',
                         lambda self, *args, **kwargs: None)
     monkeypatch.setattr(mmddp_ext.ExtRunner,
-                        '_raise_class_count_error_together',
-                        lambda self: None)
+                        '_raise_class_count_error_together', lambda self: None)
     cfg = Config.fromfile(CO_DINO_TINY)
     cfg.merge_from_dict(three_class_overrides(three_class_root))
     cfg.merge_from_dict({
@@ -145,3 +146,19 @@ def test_without_the_check_training_crashes_deep_inside(
     with pytest.raises(IndexError, match='index out of range'):
         runner.train()
 
+
+def test_tools_check_other_runners_themselves(three_class_root):
+    """tools/train.py and tools/test.py check before building a runner
+    that is not an ExtRunner (ExtRunner checks itself, on every rank)."""
+    from mmengine.config import Config
+    sys.path.insert(0, osp.join(REPO_ROOT, 'tools'))
+    try:
+        from train import check_class_counts_unless_ext_runner
+    finally:
+        sys.path.remove(osp.join(REPO_ROOT, 'tools'))
+    cfg = Config.fromfile(CO_DINO_TINY)
+    cfg.merge_from_dict(three_class_overrides(three_class_root))
+    check_class_counts_unless_ext_runner(cfg, ('train', ))  # ExtRunner's
+    cfg.runner_type = 'Runner'
+    with pytest.raises(ValueError, match='the dataset has 3 classes'):
+        check_class_counts_unless_ext_runner(cfg, ('test', ))
