@@ -27,6 +27,14 @@ def test_config_builds(config):
     cfg = Config.fromfile(osp.join(REPO_ROOT, config))
     init_default_scope(cfg.get('default_scope', 'mmdet'))
     check_config_class_counts(cfg)
+    # Runner refuses a split that has some of these keys but not all.
+    for split in ('train', 'val', 'test'):
+        keys = [f'{split}_dataloader', f'{split}_cfg']
+        keys.append('optim_wrapper' if split ==
+                    'train' else f'{split}_evaluator')
+        assert len({cfg.get(key) is None
+                    for key in keys
+                    }) == 1, (f'{config}: set all or none of {keys}')
     # Parameters on the meta device: no memory, no initialisation cost
     # (a Swin-L CO-DINO has ~200M parameters), same modules and shapes.
     with torch.device('meta'):

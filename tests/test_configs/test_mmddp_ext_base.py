@@ -93,13 +93,10 @@ def test_recipe_keeps_the_keys_of_the_users_config(tmp_path, toy_on_path):
     assert 'RecipeToyHook' in hooks  # the user's custom_hooks
     assert 'SafeCheckpointHook' in hooks  # added by ExtRunner
     assert runner.cfg.model_wrapper_cfg.type == 'MMDistributedDataParallel'
-    assert runner.cfg.custom_imports.imports == [
-        'recipe_toyproj', 'mmddp_ext'
-    ]
+    assert runner.cfg.custom_imports.imports == ['recipe_toyproj', 'mmddp_ext']
 
 
-def test_old_recipe_fails_on_a_base_with_custom_imports(tmp_path,
-                                                        toy_on_path):
+def test_old_recipe_fails_on_a_base_with_custom_imports(tmp_path, toy_on_path):
     """Negative control: what users saw with a base file that set
     custom_imports."""
     old = tmp_path / 'old_mmddp_ext.py'
@@ -158,14 +155,14 @@ print('RELOADED', type(RUNNERS.build(cfg)).__name__)
 
 
 def _python(script, args, env, results, name):
-    results[name] = run_command([sys.executable, str(script), *args],
-                                timeout=150,
-                                env=env,
-                                check=False)
+    results[name] = run_command(
+        [sys.executable, str(script), *args],
+        timeout=150,
+        env=env,
+        check=False)
 
 
-def test_dumped_config_reloads_in_a_fresh_interpreter(tmp_path,
-                                                      toy_on_path):
+def test_dumped_config_reloads_in_a_fresh_interpreter(tmp_path, toy_on_path):
     from mmengine.registry import RUNNERS
     config = write_user_config(tmp_path)
     cfg = Config.fromfile(config)
@@ -184,7 +181,8 @@ def test_dumped_config_reloads_in_a_fresh_interpreter(tmp_path,
     runs = []
     for name, source, args in (
         ('negative', FRESH_NEGATIVE, [str(stock), config]),
-        ('reload', FRESH_RELOAD, [str(dumped), str(tmp_path / 'work2')]),
+        ('reload', FRESH_RELOAD, [str(dumped),
+                                  str(tmp_path / 'work2')]),
     ):
         script = tmp_path / f'{name}.py'
         script.write_text(source)

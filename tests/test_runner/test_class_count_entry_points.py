@@ -3,6 +3,7 @@ naming every head key, on every entry point (issue 13)."""
 import json
 import os.path as osp
 import sys
+import threading
 
 import pytest
 
@@ -45,8 +46,9 @@ def _mmdet_train_py():
 
 def _commands(root, tmp_path):
     options = ['--cfg-options'] + [
-        f'{key}=({",".join(value)})' if isinstance(value, tuple) else
-        f'{key}={value}' for key, value in three_class_overrides(root).items()
+        f'{key}=({",".join(value)})'
+        if isinstance(value, tuple) else f'{key}={value}'
+        for key, value in three_class_overrides(root).items()
     ]
     checkpoint = tmp_path / 'unused.pth'
     checkpoint.write_bytes(b'')
@@ -63,7 +65,8 @@ def _commands(root, tmp_path):
             str(checkpoint), *work, *options
         ],
         'mmdet tools/train.py':
-        [sys.executable, _mmdet_train_py(), CO_DINO_TINY, *work, *options],
+        [sys.executable,
+         _mmdet_train_py(), CO_DINO_TINY, *work, *options],
         'tools/dist_train.sh 2 ranks': [
             'bash',
             osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), CO_DINO_TINY, '2',
@@ -72,33 +75,45 @@ def _commands(root, tmp_path):
     }
 
 
-@pytest.mark.parametrize('entry', [
-    'tools/train.py', 'tools/test.py', 'mmdet tools/train.py',
-    'tools/dist_train.sh 2 ranks'
-])
-def test_mismatch_stops_at_start_up(three_class_root, tmp_path, entry):
-    cmd = _commands(three_class_root, tmp_path)[entry]
-    result = run_command(
-        cmd,
-        timeout=120,
-        cwd=REPO_ROOT,
-        env={
-            'PYTHONPATH': REPO_ROOT,
-            'PORT': str(free_port()),
-            'PYTHON': sys.executable
-        },
-        check=False)
-    out = result.stdout
-    assert result.returncode != 0, out[-3000:]
-    assert 'ValueError: ' in out and 'the dataset has 3 classes' in out, \
-        out[-3000:]
-    for key in HEAD_KEYS:
-        assert key in out
-    # Stopped before the runner was built: no hooks listed, no model.
-    assert 'Hooks will be executed' not in out
-    if entry.startswith('tools/dist_train.sh'):
-        # Every rank reports it (each rank's traceback is in the output).
-        assert 'rank 0 of 2 stops' in out and 'rank 1 of 2 stops' in out
+def test_mismatch_stops_at_start_up_on_every_entry_point(
+        three_class_root, tmp_path):
+    """The four entry points run side by side (each mostly imports)."""
+    results = {}
+
+    def run(entry, cmd):
+        results[entry] = run_command(
+            cmd,
+            timeout=150,
+            cwd=REPO_ROOT,
+            env={
+                'PYTHONPATH': REPO_ROOT,
+                'PORT': str(free_port()),
+                'PYTHON': sys.executable
+            },
+            check=False)
+
+    threads = [
+        threading.Thread(target=run, args=item)
+        for item in _commands(three_class_root, tmp_path).items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4
+    for entry, result in results.items():
+        out = result.stdout
+        assert result.returncode != 0, f'{entry}:\n{out[-3000:]}'
+        assert 'ValueError: ' in out and 'the dataset has 3 classes' in out, \
+            f'{entry}:\n{out[-3000:]}'
+        for key in HEAD_KEYS:
+            assert key in out, entry
+        # Stopped before the runner was built: no hooks listed, no model.
+        assert 'Hooks will be executed' not in out, entry
+    # Every rank of the 2-rank launch reports it (each rank's traceback is
+    # in the launcher's output).
+    out = results['tools/dist_train.sh 2 ranks'].stdout
+    assert 'rank 0 of 2 stops' in out and 'rank 1 of 2 stops' in out
 
 
 def test_without_the_check_training_crashes_deep_inside(
@@ -114,8 +129,7 @@ def test_without_the_check_training_crashes_deep_inside(
     monkeypatch.setattr(mmddp_ext.ExtRunner, '_check_class_counts',
                         lambda self, *args, **kwargs: None)
     monkeypatch.setattr(mmddp_ext.ExtRunner,
-                        '_raise_class_count_error_together',
-                        lambda self: None)
+                        '_raise_class_count_error_together', lambda self: None)
     cfg = Config.fromfile(CO_DINO_TINY)
     cfg.merge_from_dict(three_class_overrides(three_class_root))
     cfg.merge_from_dict({
@@ -132,3 +146,19 @@ def test_without_the_check_training_crashes_deep_inside(
     with pytest.raises(IndexError, match='index out of range'):
         runner.train()
 
+
+def test_tools_check_other_runners_themselves(three_class_root):
+    """tools/train.py and tools/test.py check before building a runner
+    that is not an ExtRunner (ExtRunner checks itself, on every rank)."""
+    from mmengine.config import Config
+    sys.path.insert(0, osp.join(REPO_ROOT, 'tools'))
+    try:
+        from train import check_class_counts_unless_ext_runner
+    finally:
+        sys.path.remove(osp.join(REPO_ROOT, 'tools'))
+    cfg = Config.fromfile(CO_DINO_TINY)
+    cfg.merge_from_dict(three_class_overrides(three_class_root))
+    check_class_counts_unless_ext_runner(cfg, ('train', ))  # ExtRunner's
+    cfg.runner_type = 'Runner'
+    with pytest.raises(ValueError, match='the dataset has 3 classes'):
+        check_class_counts_unless_ext_runner(cfg, ('test', ))

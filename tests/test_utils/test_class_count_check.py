@@ -65,9 +65,8 @@ def test_rpn_heads_are_class_agnostic_through_their_mro():
         type='FasterRCNN',
         rpn_head=dict(type='RPNHead', num_classes=1),
         roi_head=dict(bbox_head=dict(type='Shared2FCBBoxHead', num_classes=3)))
-    assert num_classes_keys(model, scope='mmdet') == [
-        ('model.roi_head.bbox_head.num_classes', 3)
-    ]
+    assert num_classes_keys(
+        model, scope='mmdet') == [('model.roi_head.bbox_head.num_classes', 3)]
 
 
 def _set_leaf_classes(dataset, classes):
@@ -88,16 +87,18 @@ def zoo_config(name: str) -> str:
     return osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs', name)
 
 
-@pytest.mark.parametrize('config', [
-    'faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py',
-    'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
-    'cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
-    'dino/dino-4scale_r50_8xb2-12e_coco.py',
-    'pascal_voc/faster-rcnn_r50_fpn_1x_voc0712.py',
-    'htc/htc_r50_fpn_1x_coco.py',  # 183-class semantic head
-    'panoptic_fpn/panoptic-fpn_r50_fpn_1x_coco.py',  # 80 things
-    'faster_rcnn/faster-rcnn_r50_fpn_fcos-rpn_1x_coco.py',
-])
+@pytest.mark.parametrize(
+    'config',
+    [
+        'faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py',
+        'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+        'cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
+        'dino/dino-4scale_r50_8xb2-12e_coco.py',
+        'pascal_voc/faster-rcnn_r50_fpn_1x_voc0712.py',
+        'htc/htc_r50_fpn_1x_coco.py',  # 183-class semantic head
+        'panoptic_fpn/panoptic-fpn_r50_fpn_1x_coco.py',  # 80 things
+        'faster_rcnn/faster-rcnn_r50_fpn_fcos-rpn_1x_coco.py',
+    ])
 def test_zoo_configs_with_correct_counts_pass(config):
     cfg = Config.fromfile(zoo_config(config))
     check_config_class_counts(cfg)
@@ -111,15 +112,14 @@ def test_dataset_wrappers_and_registered_metainfo():
     model = dict(bbox_head=dict(type='DINOHead', num_classes=2))
     coco = dict(type='CocoDataset')  # classes from CocoDataset.METAINFO
     two = dict(type='CocoDataset', metainfo=dict(classes=('a', 'b')))
-    check_class_counts(model, {'train_dataloader': dict(dataset=two)},
-                       'mmdet')
+    check_class_counts(model, {'train_dataloader': dict(dataset=two)}, 'mmdet')
     wrapped = dict(
         type='ClassBalancedDataset',
         oversample_thr=0.1,
         dataset=dict(
             type='ConcatDataset',
-            datasets=[two, dict(type='RepeatDataset', times=2,
-                                dataset=coco)]))
+            datasets=[two,
+                      dict(type='RepeatDataset', times=2, dataset=coco)]))
     with pytest.raises(ValueError) as error:
         check_class_counts(model, {'train_dataloader': dict(dataset=wrapped)},
                            'mmdet')
