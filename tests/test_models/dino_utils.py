@@ -180,11 +180,13 @@ def drop_dn_padding_of_gt_less_images(head) -> None:
 
 def ddp_step_report(model: torch.nn.Module,
                     batch: Dict,
-                    passes: int = 2) -> Dict:
+                    passes: int = 2,
+                    process_group=None) -> Dict:
     """``passes`` forward/backward passes of ``batch`` through
     ``DistributedDataParallel(model, find_unused_parameters=False)``
     (call it on every rank). Later passes make DDP's reducer check that
-    every parameter was reduced in the first.
+    every parameter was reduced in the first. ``process_group`` is DDP's
+    (default: the default group).
 
     Returns:
         dict: of the first pass, ``loss_keys``, ``loss_values``, the shape
@@ -194,7 +196,8 @@ def ddp_step_report(model: torch.nn.Module,
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    ddp = DistributedDataParallel(model, find_unused_parameters=False)
+    ddp = DistributedDataParallel(
+        model, find_unused_parameters=False, process_group=process_group)
     calls = []
     real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
     try:
@@ -211,3 +214,19 @@ def ddp_step_report(model: torch.nn.Module,
         missing_grads=[name for name, g in grads.items() if g is None],
         grad_checksum=sum(g.double().sum().item() for g in grads.values()),
         grads=grads)
+
+
+def record_dn_meta(model: torch.nn.Module) -> list:
+    """Make ``model.bbox_head.loss`` append each call's ``dn_meta`` and
+    loss keys to the returned list (as a dict with those two keys)."""
+    calls = []
+    head_loss = model.bbox_head.loss
+
+    def loss(*args, **kwargs):
+        dn_meta = kwargs.get('dn_meta', args[-1] if args else None)
+        losses = head_loss(*args, **kwargs)
+        calls.append(dict(dn_meta=dict(dn_meta), loss_keys=sorted(losses)))
+        return losses
+
+    model.bbox_head.loss = loss
+    return calls
