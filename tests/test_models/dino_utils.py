@@ -216,17 +216,108 @@ def ddp_step_report(model: torch.nn.Module,
         grads=grads)
 
 
-def record_dn_meta(model: torch.nn.Module) -> list:
-    """Make ``model.bbox_head.loss`` append each call's ``dn_meta`` and
-    loss keys to the returned list (as a dict with those two keys)."""
+def record_dn_meta(head: torch.nn.Module) -> list:
+    """Make ``head.loss`` (a DINO-style head) append each call's
+    ``dn_meta`` and loss keys to the returned list, as a dict with those
+    two keys."""
     calls = []
-    head_loss = model.bbox_head.loss
+    head_loss = head.loss
 
     def loss(*args, **kwargs):
         dn_meta = kwargs.get('dn_meta', args[-1] if args else None)
         losses = head_loss(*args, **kwargs)
-        calls.append(dict(dn_meta=dict(dn_meta), loss_keys=sorted(losses)))
+        calls.append(
+            dict(
+                dn_meta=None if dn_meta is None else dict(dn_meta),
+                loss_keys=sorted(losses)))
         return losses
 
-    model.bbox_head.loss = loss
+    head.loss = loss
+    return calls
+
+
+class StockDnGenerator:
+    """Generator mixin: mmdet's ``CdnQueryGenerator.__call__``, so a
+    GT-less batch gets zero dn queries and no dummy group."""
+
+    def __call__(self, batch_data_samples):
+        from mmdet.models.layers import CdnQueryGenerator
+        return CdnQueryGenerator.__call__(self, batch_data_samples)
+
+
+class V1StyleDnGenerator:
+    """Generator mixin: what official RT-DETR v1 gives a GT-less batch, no
+    dn part at all (``dn_meta`` None, no attention mask); batches with GT
+    are unchanged."""
+
+    def __call__(self, batch_data_samples):
+        if sum(len(s.gt_instances) for s in batch_data_samples):
+            return super().__call__(batch_data_samples)
+        weight = self.label_embedding.weight
+        batch_size = len(batch_data_samples)
+        return (weight.new_zeros(batch_size, 0, self.embed_dims),
+                weight.new_zeros(batch_size, 0, 4), None, None)
+
+
+def swap_behaviour(obj, mixin) -> None:
+    """Give ``obj`` the methods of ``mixin`` first (same state, same
+    parameters): how a negative control switches one mechanism off."""
+    obj.__class__ = type(f'{mixin.__name__}{type(obj).__name__}',
+                         (mixin, type(obj)), {})
+
+
+def control_step_report(model: torch.nn.Module, batch: Dict,
+                        timeout_s: float) -> Dict:
+    """``ddp_step_report`` for a negative control that is expected to
+    break DDP: DDP and every ``dist.all_reduce`` run on a new process group
+    whose collectives time out after ``timeout_s``, so a mismatch fails
+    within that bound and the default group stays usable for nothing else
+    (run it last on the ranks). Returns ``error`` (None if the step
+    passed) and, when it passed, the report."""
+    import datetime
+
+    import torch.distributed as dist
+    group = dist.new_group(
+        backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce_on_group(tensor, op=dist.ReduceOp.SUM, group=group,
+                            async_op=False):
+        return real_all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+    loss_keys = []
+    parse_losses = model.parse_losses
+
+    def recording_parse_losses(losses):
+        loss_keys.append(sorted(losses))
+        return parse_losses(losses)
+
+    model.parse_losses = recording_parse_losses
+    dist.all_reduce = all_reduce_on_group
+    try:
+        report = ddp_step_report(model, batch, process_group=group)
+        report.pop('grads')
+        return dict(error=None, report=report, loss_keys=loss_keys)
+    except Exception as failure:  # the expected failure, reported
+        return dict(
+            error=f'{type(failure).__name__}: {failure}',
+            loss_keys=loss_keys)
+    finally:
+        dist.all_reduce = real_all_reduce
+
+
+def record_generator_calls(generator) -> list:
+    """Make ``generator`` (a dn query generator) append each call's
+    ``dn_meta`` (None when it gave no dn part) to the returned list."""
+    calls = []
+
+    class Recording:
+
+        def __call__(self, batch_data_samples):
+            outputs = super().__call__(batch_data_samples)
+            dn_meta = outputs[-1]
+            calls.append(None if dn_meta is None else dict(dn_meta))
+            return outputs
+
+    swap_behaviour(generator, Recording)
     return calls

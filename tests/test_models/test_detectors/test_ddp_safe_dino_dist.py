@@ -12,7 +12,7 @@ import os.path as osp
 import pytest
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
-from ..dino_utils import (build_model, ddp_step_report,
+from ..dino_utils import (build_model, control_step_report, ddp_step_report,
                           drop_dn_padding_of_gt_less_images,
                           global_relative_error, loss_and_grads, raw_batch,
                           record_dn_meta, relative_errors, tiny_dino_cfg)
@@ -156,7 +156,7 @@ def _ddp_steps(gt_counts, ddp_safe=True, head=None, process_group=None):
     rank = dist.get_rank()
     model = build_model(
         tiny_dino_cfg(ddp_safe=ddp_safe, deterministic=True, head=head))
-    head_calls = record_dn_meta(model)
+    head_calls = record_dn_meta(model.bbox_head)
     report = ddp_step_report(
         model,
         raw_batch(gt_counts[rank], first_index=2 * rank),
@@ -169,22 +169,10 @@ def _ddp_steps(gt_counts, ddp_safe=True, head=None, process_group=None):
 
 def _stock_generator_with_skipping_head(gt_counts):
     """The negative control: mmdet's DINO + a head that skips an empty dn
-    part. DDP and every ``dist.all_reduce`` run on a process group of their
-    own with a short timeout, so the mismatch fails within a bound and
-    leaves the default group alone. Returns the error and what the head saw.
-    """
-    import datetime
-
+    part, on a process group of its own with a short collective timeout
+    (see ``control_step_report``). Returns the error and what the head
+    saw."""
     import torch.distributed as dist
-    group = dist.new_group(
-        backend='gloo',
-        timeout=datetime.timedelta(seconds=CONTROL_TIMEOUT_S))
-    real_all_reduce = dist.all_reduce
-
-    def all_reduce_on_group(tensor, op=dist.ReduceOp.SUM, group=group,
-                            async_op=False):
-        return real_all_reduce(tensor, op=op, group=group, async_op=async_op)
-
     from .. import dn_skipping_heads  # noqa: F401  (registers the heads)
     rank = dist.get_rank()
     model = build_model(
@@ -192,19 +180,11 @@ def _stock_generator_with_skipping_head(gt_counts):
             ddp_safe=False,
             deterministic=True,
             head='DINOHeadSkippingEmptyDn'))
-    head_calls = record_dn_meta(model)
-    dist.all_reduce = all_reduce_on_group
-    error = None
-    try:
-        ddp_step_report(
-            model,
-            raw_batch(gt_counts[rank], first_index=2 * rank),
-            process_group=group)
-    except Exception as failure:  # noqa: B902  (the expected failure)
-        error = f'{type(failure).__name__}: {failure}'
-    finally:
-        dist.all_reduce = real_all_reduce
-    return dict(error=error, head_calls=head_calls)
+    head_calls = record_dn_meta(model.bbox_head)
+    outcome = control_step_report(
+        model, raw_batch(gt_counts[rank], first_index=2 * rank),
+        CONTROL_TIMEOUT_S)
+    return dict(outcome, head_calls=head_calls)
 
 
 def _rank_main(gt_counts, config_path, data_root, work_dir, control):
