@@ -6,6 +6,9 @@ import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
+import torch
+from mmengine.model import BaseModel
+
 from mmddp_ext.testing import free_port, run_command
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -170,3 +173,14 @@ def coco_metrics(config: str, ann_file: str, samples: List[Dict]) -> Dict:
         'classes'])
     metric.process({}, samples)
     return metric.evaluate(len(samples))
+
+
+class ToyModel(BaseModel):
+    """The smallest model a Runner accepts (for runner and hook tests)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        return self.linear(inputs)

@@ -11,7 +11,7 @@ from mmengine.registry import HOOKS
 from mmengine.runner import Runner
 
 from mmddp_ext.runner.ext_runner import ExtRunner
-from ..test_runner.test_ext_runner_cfg import _ToyModel
+from ..helpers import ToyModel
 
 
 def _checkpoint():
@@ -28,7 +28,7 @@ def _checkpoint():
 
 
 def _saved_and_loaded(runner_cls, tmp_path):
-    runner = runner_cls(model=_ToyModel(), work_dir=str(tmp_path))
+    runner = runner_cls(model=ToyModel(), work_dir=str(tmp_path))
     checkpoint = _checkpoint()
     runner.call_hook('before_save_checkpoint', checkpoint=checkpoint)
     path = tmp_path / 'ckpt.pth'

@@ -1,24 +1,13 @@
 """``mmddp_ext_cfg`` is checked when ``ExtRunner`` is built."""
 import pytest
-import torch
-from mmengine.model import BaseModel
 
 from mmddp_ext.runner.ext_runner import EXT_CFG_DEFAULTS, ExtRunner
-
-
-class _ToyModel(BaseModel):
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(2, 1)
-
-    def forward(self, inputs, data_samples=None, mode='tensor'):
-        return self.linear(inputs)
+from ..helpers import ToyModel
 
 
 def _runner(tmp_path, ext_cfg):
     return ExtRunner(
-        model=_ToyModel(),
+        model=ToyModel(),
         work_dir=str(tmp_path),
         cfg=dict(mmddp_ext_cfg=ext_cfg))
 
