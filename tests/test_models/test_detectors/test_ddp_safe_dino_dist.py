@@ -361,9 +361,11 @@ def test_stock_generator_with_skipping_head_breaks_ddp(dist_2ranks):
     error, or the control group's timeout) instead of training."""
     _, results = dist_2ranks
     controls = [result['skipping_stock'] for result in results]
-    keys = [c['head_calls'][0]['loss_keys'] for c in controls]
-    assert 'dn_loss_cls' in keys[0]
-    assert not any('dn_loss' in key for key in keys[EMPTY_RANK])
+    # The ranks with GT may fail inside their forward (in their extra dn
+    # all-reduces), before the head's call is recorded.
+    empty_keys = controls[EMPTY_RANK]['head_calls'][0]['loss_keys']
+    assert not any('dn_loss' in key for key in empty_keys)
+    assert 'dn_loss_cls' in results[0]['stock']['loss_keys']
     assert controls[EMPTY_RANK]['head_calls'][0]['dn_meta'][
         'num_denoising_queries'] == 0
     errors = [c['error'] for c in controls]

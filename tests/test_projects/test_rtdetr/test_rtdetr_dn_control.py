@@ -60,9 +60,10 @@ def test_v1_style_gt_less_rank_breaks_ddp(dn_run):
     fewer all-reduces and leaves the dn label embedding unused, and the
     DDP step fails on the ranks instead of training."""
     assert dn_run[EMPTY_RANK]['v1_dn'][0] is None
-    with_gt = dn_run[0]['v1']['loss_keys'][0]
-    assert 'dn_loss_cls' in with_gt
+    # The rank with GT may fail inside its forward (its extra dn
+    # all-reduces), before its loss keys are recorded.
     empty = dn_run[EMPTY_RANK]['v1']['loss_keys'][0]
     assert not any('dn_loss' in key for key in empty)
+    assert any('dn_loss' in key for key in dn_run[0]['port']['loss_keys'])
     errors = [result['v1']['error'] for result in dn_run]
     assert all(errors), errors
