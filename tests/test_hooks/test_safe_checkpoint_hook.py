@@ -1,6 +1,7 @@
 """SafeCheckpointHook: what ExtRunner's hooks leave in a checkpoint loads
 with ``torch.load(weights_only=True)``; what stock MMEngine leaves does
 not."""
+import itertools
 import pickle
 
 import numpy as np
@@ -14,10 +15,13 @@ from mmddp_ext.runner.ext_runner import ExtRunner
 from ..helpers import ToyModel
 
 
+_HUB_NAMES = (f'test_safe_checkpoint_hook_{i}' for i in itertools.count())
+
+
 def _checkpoint():
     """What ``Runner.save_checkpoint`` hands to the hooks: the message
     hub's state (HistoryBuffer objects, numpy values) and the weights."""
-    hub = MessageHub.get_instance('test_safe_checkpoint_hook')
+    hub = MessageHub.get_instance(next(_HUB_NAMES))
     for i in range(3):
         hub.update_scalar('train/loss', 1.0 / (i + 1))
     hub.update_info('best_score', np.float64(0.5))
@@ -57,7 +61,7 @@ def test_registered_and_restores_the_history_on_load(tmp_path):
     torch.save(checkpoint, tmp_path / 'ckpt.pth')
     loaded = torch.load(tmp_path / 'ckpt.pth', weights_only=True)
     hook.after_load_checkpoint(None, loaded)
-    hub = MessageHub.get_instance('test_safe_checkpoint_hook_restored')
+    hub = MessageHub.get_instance(next(_HUB_NAMES))
     hub.load_state_dict(loaded['message_hub'])
     assert hub.get_scalar('train/loss').data[0].tolist() == [1.0, 0.5,
                                                             1 / 3]

@@ -85,8 +85,10 @@ def test_registry_builds_the_ddp_safe_generator():
     """Configs name it by type: what the registry builds must give a
     GT-less batch the dummy group (mmdet's gives zero dn queries)."""
     from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
 
     import mmddp_ext  # noqa: F401
+    register_all_modules()
     generator = MODELS.build(
         dict(
             type='DDPSafeCdnQueryGenerator',
