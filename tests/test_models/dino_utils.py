@@ -269,21 +269,26 @@ def swap_behaviour(obj, mixin) -> None:
 def control_step_report(model: torch.nn.Module, batch: Dict,
                         timeout_s: float) -> Dict:
     """``ddp_step_report`` for a negative control that is expected to
-    break DDP: DDP and every ``dist.all_reduce`` run on a new process group
-    whose collectives time out after ``timeout_s``, so a mismatch fails
-    within that bound and the default group stays usable for nothing else
-    (run it last on the ranks). Returns ``error`` (None if the step
-    passed) and, when it passed, the report."""
+    break DDP (run it last on the ranks). The loss's ``dist.all_reduce``
+    calls and DDP's gradient buckets each run on a new process group whose
+    collectives time out after ``timeout_s``: a rank that skips some of
+    them leaves its peers waiting, and they fail within that bound. Kept
+    apart, the two streams never pair a scalar all-reduce with a gradient
+    bucket, which gloo would answer by aborting the process. Returns
+    ``error`` (None if the step passed), the loss keys of each forward
+    that completed and, when it passed, the report."""
     import datetime
 
     import torch.distributed as dist
-    group = dist.new_group(
-        backend='gloo', timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    loss_group = dist.new_group(backend='gloo', timeout=timeout)
+    ddp_group = dist.new_group(backend='gloo', timeout=timeout)
     real_all_reduce = dist.all_reduce
 
-    def all_reduce_on_group(tensor, op=dist.ReduceOp.SUM, group=group,
+    def all_reduce_on_group(tensor, op=dist.ReduceOp.SUM, group=None,
                             async_op=False):
-        return real_all_reduce(tensor, op=op, group=group, async_op=async_op)
+        return real_all_reduce(
+            tensor, op=op, group=loss_group, async_op=async_op)
 
     loss_keys = []
     parse_losses = model.parse_losses
@@ -295,7 +300,7 @@ def control_step_report(model: torch.nn.Module, batch: Dict,
     model.parse_losses = recording_parse_losses
     dist.all_reduce = all_reduce_on_group
     try:
-        report = ddp_step_report(model, batch, process_group=group)
+        report = ddp_step_report(model, batch, process_group=ddp_group)
         report.pop('grads')
         return dict(error=None, report=report, loss_keys=loss_keys)
     except Exception as failure:  # the expected failure, reported

@@ -30,7 +30,7 @@ EMPTY_IMAGES = {2: 'odd', 3: 'mod3:1'}
 TRAIN_ITERS = 2
 # Collective timeout of the negative control's own process group: a
 # mismatched collective there fails (or times out) within this bound.
-CONTROL_TIMEOUT_S = 20
+CONTROL_TIMEOUT_S = 15
 
 # A stock mmdet DINO config with the opt-in added: the mmddp_ext base and
 # the two-line model override documented in configs/_base_/mmddp_ext.py.
@@ -357,8 +357,9 @@ def test_stock_dino_head_survives_a_gt_less_rank(dist_run):
 def test_stock_generator_with_skipping_head_breaks_ddp(dist_2ranks):
     """The negative control: the same skipping head with mmdet's generator.
     The GT-less rank has no dn loss keys and skips the dn all-reduces, so
-    the ranks' collectives no longer match and the step fails (mismatch
-    error, or the control group's timeout) instead of training."""
+    its peers wait for all-reduces that never come while it waits for
+    their gradients: the hang users see, caught here by the control
+    groups' collective timeout on every rank."""
     _, results = dist_2ranks
     controls = [result['skipping_stock'] for result in results]
     # The ranks with GT may fail inside their forward (in their extra dn
@@ -368,5 +369,5 @@ def test_stock_generator_with_skipping_head_breaks_ddp(dist_2ranks):
     assert 'dn_loss_cls' in results[0]['stock']['loss_keys']
     assert controls[EMPTY_RANK]['head_calls'][0]['dn_meta'][
         'num_denoising_queries'] == 0
-    errors = [c['error'] for c in controls]
-    assert all(errors), errors
+    for rank, control in enumerate(controls):
+        assert 'Timed out waiting' in (control['error'] or ''), rank

@@ -19,7 +19,7 @@ from .rtdetr_utils import build_tiny
 
 EMPTY_RANK = 1
 GT_COUNTS = [[2, 1], [0, 0]]
-CONTROL_TIMEOUT_S = 20
+CONTROL_TIMEOUT_S = 15
 
 
 def _rank_main():
