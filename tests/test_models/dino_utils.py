@@ -259,6 +259,22 @@ class V1StyleDnGenerator:
                 weight.new_zeros(batch_size, 0, 4), None, None)
 
 
+class V1StyleCriterion:
+    """Head mixin: like official RT-DETR v1's criterion, no dn loss terms
+    when the outputs have no dn part (``dn_meta`` None). mmdet 3.3's
+    ``DINOHead.split_outputs`` reads ``dn_meta`` before checking it for
+    None, so a v1-style port needs this too."""
+
+    @staticmethod
+    def split_outputs(all_layers_cls_scores, all_layers_bbox_preds,
+                      dn_meta):
+        if dn_meta is None:
+            return all_layers_cls_scores, all_layers_bbox_preds, None, None
+        from mmdet.models.dense_heads import DINOHead
+        return DINOHead.split_outputs(all_layers_cls_scores,
+                                      all_layers_bbox_preds, dn_meta)
+
+
 def swap_behaviour(obj, mixin) -> None:
     """Give ``obj`` the methods of ``mixin`` first (same state, same
     parameters): how a negative control switches one mechanism off."""
