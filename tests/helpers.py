@@ -6,6 +6,9 @@ import re
 import sys
 from typing import Dict, List, Optional, Tuple
 
+import torch
+from mmengine.model import BaseModel
+
 from mmddp_ext.testing import free_port, run_command
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -126,3 +129,58 @@ def finetune_map(config: str, data_root: str, iters: int,
     finally:
         torch.set_num_threads(threads)
     return untrained, trained
+
+
+def gt_as_predictions(ann_file: str, shift: float = 0.0) -> List[Dict]:
+    """Data samples (as ``DumpDetResults`` writes them) whose predictions
+    are the GT boxes of ``ann_file`` with score 1, each box moved right by
+    ``shift`` times its width."""
+    import json
+
+    import torch
+    with open(ann_file) as f:
+        coco = json.load(f)
+    label_of = {c['id']: i for i, c in enumerate(coco['categories'])}
+    samples = []
+    for image in coco['images']:
+        anns = [a for a in coco['annotations']
+                if a['image_id'] == image['id']]
+        boxes = torch.tensor([[x + shift * w, y, x + shift * w + w, y + h]
+                              for x, y, w, h in (a['bbox'] for a in anns)],
+                             dtype=torch.float32).reshape(-1, 4)
+        samples.append(dict(
+            img_id=image['id'],
+            ori_shape=(image['height'], image['width']),
+            pred_instances=dict(
+                bboxes=boxes,
+                scores=torch.ones(len(anns)),
+                labels=torch.tensor(
+                    [label_of[a['category_id']] for a in anns],
+                    dtype=torch.long))))
+    return samples
+
+
+def coco_metrics(config: str, ann_file: str, samples: List[Dict]) -> Dict:
+    """``config``'s test evaluator (pycocotools COCO bbox metrics, as
+    ``tools/test.py`` builds it) on ``samples``, against ``ann_file``."""
+    from mmdet.registry import METRICS
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+    register_all_modules()
+    cfg = Config.fromfile(config)
+    metric = METRICS.build(dict(cfg.test_evaluator, ann_file=ann_file))
+    metric.dataset_meta = dict(classes=cfg.test_dataloader.dataset.metainfo[
+        'classes'])
+    metric.process({}, samples)
+    return metric.evaluate(len(samples))
+
+
+class ToyModel(BaseModel):
+    """The smallest model a Runner accepts (for runner and hook tests)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        return self.linear(inputs)

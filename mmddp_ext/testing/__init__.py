@@ -1,10 +1,10 @@
 """Helpers for testing DDP behaviour on real gloo ranks (used by tests/ and
 by users debugging DDP on a laptop). Importing this registers nothing."""
 from .multi_rank import (MultiRankError, free_port, kill_process_tree,
-                         run_command, run_on_ranks)
+                         process_tree, run_command, run_on_ranks)
 from .synthetic_coco import make_synthetic_coco
 
 __all__ = [
-    'MultiRankError', 'free_port', 'kill_process_tree', 'run_command',
-    'run_on_ranks', 'make_synthetic_coco'
+    'MultiRankError', 'free_port', 'kill_process_tree', 'process_tree',
+    'run_command', 'run_on_ranks', 'make_synthetic_coco'
 ]

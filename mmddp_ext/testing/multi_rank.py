@@ -59,17 +59,23 @@ def _children(pid: int) -> List[int]:
         return []
 
 
+def process_tree(pid: int) -> List[int]:
+    """``pid`` and all its descendants, parents before children."""
+    tree, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        tree.append(current)
+        frontier.extend(_children(current))
+    return tree
+
+
 def kill_process_tree(pid: int) -> None:
     """SIGKILL ``pid`` and all its descendants.
 
     torchrun starts its workers in sessions of their own, so killing the
     launcher's process group would leave the ranks running.
     """
-    tree, frontier = [], [pid]
-    while frontier:
-        current = frontier.pop()
-        tree.append(current)
-        frontier.extend(_children(current))
+    tree = process_tree(pid)
     for member in tree:
         try:
             os.kill(member, signal.SIGSTOP)  # freeze: no new children
@@ -145,6 +151,45 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
     os._exit(0)
 
 
+def _result_paths(log_dir: str, world_size: int) -> List[str]:
+    return [osp.join(log_dir, f'rank{r}.result') for r in range(world_size)]
+
+
+def _wait_for_results(procs, log_dir: str, timeout: float):
+    """Wait until every rank reported, one failed (plus a short grace for
+    its peers) or ``timeout`` passed; returns ``(incomplete, timed_out)``.
+    """
+    deadline = time.monotonic() + timeout
+    results_paths = _result_paths(log_dir, len(procs))
+    while time.monotonic() < deadline:
+        if all(osp.exists(p) for p in results_paths):
+            break
+        if any(p.exitcode not in (None, 0) for p in procs) or any(
+                _failed(p) for p in results_paths):
+            # A rank failed: its peers get a short grace period to report
+            # (they usually fail on the broken collective), then are killed.
+            grace = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+            while time.monotonic() < grace and not all(
+                    osp.exists(p) for p in results_paths):
+                time.sleep(0.2)
+            break
+        time.sleep(0.2)
+    incomplete = not all(osp.exists(p) for p in results_paths)
+    return incomplete, incomplete and time.monotonic() >= deadline
+
+
+def _stop_ranks(procs, grace: float) -> None:
+    """Join finished ranks; kill the rest with every process they started
+    (DataLoader workers, subprocesses), so nothing outlives the run."""
+    for proc in procs:
+        if proc.pid is None:  # never started
+            continue
+        proc.join(timeout=grace)
+        if proc.is_alive():
+            kill_process_tree(proc.pid)
+            proc.join()
+
+
 def run_on_ranks(fn: Callable,
                  world_size: int = 2,
                  args: Sequence = (),
@@ -197,33 +242,17 @@ def run_on_ranks(fn: Callable,
             # rank is joined or killed below.
             daemon=False) for rank in range(world_size)
     ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + timeout
-    results_paths = [
-        osp.join(log_dir, f'rank{r}.result') for r in range(world_size)
-    ]
-    while time.monotonic() < deadline:
-        if all(osp.exists(p) for p in results_paths):
-            break
-        if any(p.exitcode not in (None, 0) for p in procs) or any(
-                _failed(p) for p in results_paths):
-            # A rank failed: its peers get a short grace period to report
-            # (they usually fail on the broken collective), then are killed.
-            grace = min(deadline, time.monotonic() + FAILURE_GRACE_S)
-            while time.monotonic() < grace and not all(
-                    osp.exists(p) for p in results_paths):
-                time.sleep(0.2)
-            break
-        time.sleep(0.2)
-    incomplete = not all(osp.exists(p) for p in results_paths)
-    timed_out = incomplete and time.monotonic() >= deadline
-    for proc in procs:
-        proc.join(timeout=0 if incomplete else 10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-
+    try:
+        for proc in procs:
+            proc.start()
+        incomplete, timed_out = _wait_for_results(procs, log_dir, timeout)
+    except BaseException:
+        # Interrupted here (pytest-timeout's signal, Ctrl-C): no rank, nor
+        # anything a rank started, may outlive the run.
+        _stop_ranks(procs, grace=0)
+        raise
+    _stop_ranks(procs, grace=0 if incomplete else 10)
+    results_paths = _result_paths(log_dir, world_size)
     outcomes = []
     for rank, path in enumerate(results_paths):
         if osp.exists(path):
@@ -249,6 +278,14 @@ def _format_failure(headline: str, outcomes, log_dir: str) -> str:
         parts.append(f'\n===== rank {rank}: {detail}\n' + _tail(
             _read(osp.join(log_dir, f'rank{rank}.log'))))
     return '\n'.join(parts)
+
+
+def _kill_command(proc: subprocess.Popen) -> None:
+    kill_process_tree(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def run_command(cmd: Sequence[str],
@@ -291,10 +328,13 @@ def run_command(cmd: Sequence[str],
         out, _ = proc.communicate(timeout=timeout)
         timed_out = False
     except subprocess.TimeoutExpired:
-        kill_process_tree(proc.pid)
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_command(proc)
         out, _ = proc.communicate()
         timed_out = True
+    except BaseException:  # interrupted: leave nothing running
+        _kill_command(proc)
+        proc.wait()
+        raise
     result = subprocess.CompletedProcess(cmd, proc.returncode, out, None)
     if timed_out or (check and proc.returncode != 0):
         reason = (f'timed out after {timeout:.0f}s'

@@ -160,10 +160,23 @@ def test_swap_falls_back_until_the_reservoir_has_a_sample(warnings_logged):
     assert len(warnings_logged) == 1
 
 
-def test_keep_and_error_do_not_hold_samples():
-    empty_gt_guard_collate(packed_batch([2, 2]), policy='keep')
+@pytest.mark.parametrize('policy', ['keep', 'error'])
+def test_keep_and_error_do_not_hold_samples(policy):
+    """Only 'swap' keeps annotated samples: after 'keep'/'error' saw boxes,
+    a 'swap' of an all-empty batch finds an empty reservoir."""
+    out = empty_gt_guard_collate(packed_batch([2, 2]), policy=policy)
+    assert _marks(out) == [None, None]
     out = empty_gt_guard_collate(packed_batch([0, 0], 2), policy='swap')
-    assert _marks(out)[0]['fallback'] is True
+    assert _marks(out)[0] == FELL_BACK
+    assert _img_ids(out) == [2, 3]
+
+
+def test_swap_holds_the_samples_it_saw():
+    """The control of the test above: the same sequence with 'swap' first
+    does fill the reservoir."""
+    empty_gt_guard_collate(packed_batch([2, 2]), policy='swap')
+    out = empty_gt_guard_collate(packed_batch([0, 0], 2), policy='swap')
+    assert _marks(out)[0] == SWAPPED
 
 
 def test_error_policy_names_the_images():

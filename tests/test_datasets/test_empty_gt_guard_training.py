@@ -101,7 +101,7 @@ def test_swap_on_two_ranks_with_persistent_workers(tmp_path):
         2,
         work_dir,
         data_options(data_root) + tiny_options(ITERS),
-        timeout=300)
+        timeout=240)
     per_rank = []
     for rank in range(2):
         with open(osp.join(work_dir, f'batches_rank{rank}.json')) as f:

@@ -180,11 +180,13 @@ def drop_dn_padding_of_gt_less_images(head) -> None:
 
 def ddp_step_report(model: torch.nn.Module,
                     batch: Dict,
-                    passes: int = 2) -> Dict:
+                    passes: int = 2,
+                    process_group=None) -> Dict:
     """``passes`` forward/backward passes of ``batch`` through
     ``DistributedDataParallel(model, find_unused_parameters=False)``
     (call it on every rank). Later passes make DDP's reducer check that
-    every parameter was reduced in the first.
+    every parameter was reduced in the first. ``process_group`` is DDP's
+    (default: the default group).
 
     Returns:
         dict: of the first pass, ``loss_keys``, ``loss_values``, the shape
@@ -194,7 +196,8 @@ def ddp_step_report(model: torch.nn.Module,
     """
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    ddp = DistributedDataParallel(model, find_unused_parameters=False)
+    ddp = DistributedDataParallel(
+        model, find_unused_parameters=False, process_group=process_group)
     calls = []
     real_all_reduce, dist.all_reduce = counting_all_reduce(calls)
     try:
@@ -211,3 +214,131 @@ def ddp_step_report(model: torch.nn.Module,
         missing_grads=[name for name, g in grads.items() if g is None],
         grad_checksum=sum(g.double().sum().item() for g in grads.values()),
         grads=grads)
+
+
+def record_dn_meta(head: torch.nn.Module) -> list:
+    """Make ``head.loss`` (a DINO-style head) append each call's
+    ``dn_meta`` and loss keys to the returned list, as a dict with those
+    two keys."""
+    calls = []
+    head_loss = head.loss
+
+    def loss(*args, **kwargs):
+        dn_meta = kwargs.get('dn_meta', args[-1] if args else None)
+        losses = head_loss(*args, **kwargs)
+        calls.append(
+            dict(
+                dn_meta=None if dn_meta is None else dict(dn_meta),
+                loss_keys=sorted(losses)))
+        return losses
+
+    head.loss = loss
+    return calls
+
+
+class StockDnGenerator:
+    """Generator mixin: mmdet's ``CdnQueryGenerator.__call__``, so a
+    GT-less batch gets zero dn queries and no dummy group."""
+
+    def __call__(self, batch_data_samples):
+        from mmdet.models.layers import CdnQueryGenerator
+        return CdnQueryGenerator.__call__(self, batch_data_samples)
+
+
+class V1StyleDnGenerator:
+    """Generator mixin: what official RT-DETR v1 gives a GT-less batch, no
+    dn part at all (``dn_meta`` None, no attention mask); batches with GT
+    are unchanged."""
+
+    def __call__(self, batch_data_samples):
+        if sum(len(s.gt_instances) for s in batch_data_samples):
+            return super().__call__(batch_data_samples)
+        weight = self.label_embedding.weight
+        batch_size = len(batch_data_samples)
+        return (weight.new_zeros(batch_size, 0, self.embed_dims),
+                weight.new_zeros(batch_size, 0, 4), None, None)
+
+
+class V1StyleCriterion:
+    """Head mixin: like official RT-DETR v1's criterion, no dn loss terms
+    when the outputs have no dn part (``dn_meta`` None). mmdet 3.3's
+    ``DINOHead.split_outputs`` reads ``dn_meta`` before checking it for
+    None, so a v1-style port needs this too."""
+
+    @staticmethod
+    def split_outputs(all_layers_cls_scores, all_layers_bbox_preds,
+                      dn_meta):
+        if dn_meta is None:
+            return all_layers_cls_scores, all_layers_bbox_preds, None, None
+        from mmdet.models.dense_heads import DINOHead
+        return DINOHead.split_outputs(all_layers_cls_scores,
+                                      all_layers_bbox_preds, dn_meta)
+
+
+def swap_behaviour(obj, mixin) -> None:
+    """Give ``obj`` the methods of ``mixin`` first (same state, same
+    parameters): how a negative control switches one mechanism off."""
+    obj.__class__ = type(f'{mixin.__name__}{type(obj).__name__}',
+                         (mixin, type(obj)), {})
+
+
+def control_step_report(model: torch.nn.Module, batch: Dict,
+                        timeout_s: float) -> Dict:
+    """``ddp_step_report`` for a negative control that is expected to
+    break DDP (run it last on the ranks). The loss's ``dist.all_reduce``
+    calls and DDP's gradient buckets each run on a new process group whose
+    collectives time out after ``timeout_s``: a rank that skips some of
+    them leaves its peers waiting, and they fail within that bound. Kept
+    apart, the two streams never pair a scalar all-reduce with a gradient
+    bucket, which gloo would answer by aborting the process. Returns
+    ``error`` (None if the step passed), the loss keys of each forward
+    that completed and, when it passed, the report."""
+    import datetime
+
+    import torch.distributed as dist
+    timeout = datetime.timedelta(seconds=timeout_s)
+    loss_group = dist.new_group(backend='gloo', timeout=timeout)
+    ddp_group = dist.new_group(backend='gloo', timeout=timeout)
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce_on_group(tensor, op=dist.ReduceOp.SUM, group=None,
+                            async_op=False):
+        return real_all_reduce(
+            tensor, op=op, group=loss_group, async_op=async_op)
+
+    loss_keys = []
+    parse_losses = model.parse_losses
+
+    def recording_parse_losses(losses):
+        loss_keys.append(sorted(losses))
+        return parse_losses(losses)
+
+    model.parse_losses = recording_parse_losses
+    dist.all_reduce = all_reduce_on_group
+    try:
+        report = ddp_step_report(model, batch, process_group=ddp_group)
+        report.pop('grads')
+        return dict(error=None, report=report, loss_keys=loss_keys)
+    except Exception as failure:  # the expected failure, reported
+        return dict(
+            error=f'{type(failure).__name__}: {failure}',
+            loss_keys=loss_keys)
+    finally:
+        dist.all_reduce = real_all_reduce
+
+
+def record_generator_calls(generator) -> list:
+    """Make ``generator`` (a dn query generator) append each call's
+    ``dn_meta`` (None when it gave no dn part) to the returned list."""
+    calls = []
+
+    class Recording:
+
+        def __call__(self, batch_data_samples):
+            outputs = super().__call__(batch_data_samples)
+            dn_meta = outputs[-1]
+            calls.append(None if dn_meta is None else dict(dn_meta))
+            return outputs
+
+    swap_behaviour(generator, Recording)
+    return calls

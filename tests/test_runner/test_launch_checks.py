@@ -58,6 +58,15 @@ def test_deprecated_launch_is_warned_about(capsys):
     assert 'deprecated' not in capsys.readouterr().out
 
 
-def test_single_process_is_accepted(monkeypatch):
+def test_single_process_is_accepted_and_torchrun_world_is_not(
+        monkeypatch, capsys):
+    MMLogger.get_instance('mmddp_launch_test')
     monkeypatch.delenv('WORLD_SIZE', raising=False)
-    check_launch_environment('none', argv=['train.py'])
+    assert check_launch_environment('none', argv=['train.py']) is None
+    monkeypatch.setenv('WORLD_SIZE', '1')
+    assert check_launch_environment('none', argv=['train.py']) is None
+    assert capsys.readouterr().out == ''  # not even a warning
+    # The same call inside a torchrun world of 2 is refused.
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    with pytest.raises(ValueError, match="WORLD_SIZE=2.*launcher='none'"):
+        check_launch_environment('none', argv=['train.py'])

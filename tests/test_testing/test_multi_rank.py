@@ -1,11 +1,16 @@
+import ctypes
+import multiprocessing.forkserver
 import os
+import signal
+import subprocess
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from mmddp_ext.testing import MultiRankError, run_command, run_on_ranks
+from mmddp_ext.testing import (MultiRankError, process_tree, run_command,
+                               run_on_ranks)
 
 
 def _rank_and_sum():
@@ -15,6 +20,9 @@ def _rank_and_sum():
 
 
 def _rank1_skips_collective():
+    # Like a DataLoader worker: a process the rank started, which must not
+    # outlive it either.
+    subprocess.Popen(['sleep', '600'])
     print(f'rank {dist.get_rank()} about to all_reduce', flush=True)
     if dist.get_rank() == 0:
         dist.all_reduce(torch.ones(1))  # rank 1 never joins: a hang
@@ -28,6 +36,43 @@ def _rank1_raises():
     return 'fine'
 
 
+def _alive(pid):
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False
+
+
+def _live_descendants():
+    """Live processes below this one, except the fork server that
+    ``run_on_ranks`` keeps for the session (its children are counted)."""
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    return {p for p in process_tree(os.getpid())[1:]
+            if p != server and _alive(p)}
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@pytest.fixture
+def adopt_orphans():
+    """Make this process the subreaper of its descendants for the test, so
+    that a process orphaned by a killed rank is found below it rather than
+    escaping to init."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    yield
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _assert_nothing_left(before, within=5.0):
+    deadline = time.monotonic() + within  # killed processes are reaped
+    while _live_descendants() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_descendants() - before == set()
+
+
 @pytest.mark.parametrize('world_size', [2, 3])
 def test_run_on_ranks_returns_per_rank_results(world_size):
     results = run_on_ranks(_rank_and_sum, world_size, timeout=60)
@@ -35,7 +80,8 @@ def test_run_on_ranks_returns_per_rank_results(world_size):
     assert results == [(r, r, total) for r in range(world_size)]
 
 
-def test_hang_fails_fast_with_every_rank_log():
+def test_hang_fails_fast_with_every_rank_log(adopt_orphans):
+    before = _live_descendants()
     start = time.monotonic()
     with pytest.raises(MultiRankError) as info:
         run_on_ranks(_rank1_skips_collective, 2, timeout=15)
@@ -44,6 +90,31 @@ def test_hang_fails_fast_with_every_rank_log():
     assert 'timed out' in message
     assert 'rank 0 about to all_reduce' in message
     assert 'rank 1 about to all_reduce' in message
+    # No rank, and no process a rank started, outlives the timed-out run.
+    _assert_nothing_left(before)
+
+
+class _OuterTimeout(Exception):
+    """What pytest-timeout raises in the test when its own timer fires."""
+
+
+def test_interrupted_run_leaves_no_process_behind(adopt_orphans):
+    """The global pytest timeout firing while ranks still run (its signal
+    raises in the test) kills the ranks and what they started too."""
+    before = _live_descendants()
+
+    def fire(signum, frame):
+        raise _OuterTimeout()
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(6)
+    try:
+        with pytest.raises(_OuterTimeout):
+            run_on_ranks(_rank1_skips_collective, 2, timeout=120)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    _assert_nothing_left(before)
 
 
 def test_rank_error_is_reported_with_its_traceback():
@@ -65,5 +136,4 @@ def test_run_command_kills_every_descendant_on_timeout(tmp_path):
     assert time.monotonic() - start < 20
     pid = int(pid_file.read_text())
     time.sleep(0.5)
-    assert not os.path.exists(f'/proc/{pid}') or open(
-        f'/proc/{pid}/stat').read().split()[2] == 'Z'
+    assert not _alive(pid)

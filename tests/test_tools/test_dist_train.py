@@ -14,8 +14,9 @@ import pytest
 from mmddp_ext.testing import free_port, kill_process_tree, run_command
 from mmddp_ext.utils import load_checkpoint_file
 
-from ..helpers import (REPO_ROOT, TINY_CONFIG, checkpoints, data_options,
-                       dist_train, logged_iters, tiny_options)
+from ..helpers import (REPO_ROOT, TINY_CONFIG, checkpoints, coco_metrics,
+                       data_options, dist_train, gt_as_predictions,
+                       logged_iters, tiny_options)
 
 
 # 3 ranks through tools/dist_train.sh: test_co_dino_dist_train.py and
@@ -44,10 +45,34 @@ def test_tiny_dino_trains_on_cpu_ranks(synthetic_root, tmp_path, nproc):
                               'PYTHON': sys.executable})
     found = re.search(r'coco/bbox_mAP: (-?[\d.]+)', result.stdout)
     assert found, result.stdout[-3000:]
-    assert -1 <= float(found[1]) <= 1
     assert f'Load checkpoint from {ckpt_path}' in result.stdout
     with open(preds, 'rb') as f:
-        assert len(pickle.load(f)) == 8  # one entry per val image
+        predictions = pickle.load(f)
+    # One entry per val image, gathered from both ranks.
+    ann_file = osp.join(synthetic_root, 'val', 'annotations.json')
+    assert sorted(p['img_id'] for p in predictions) == sorted(
+        s['img_id'] for s in gt_as_predictions(ann_file))
+    # The printed mAP is pycocotools' mAP of the dumped predictions (the
+    # evaluator itself is checked by the GT-as-predictions test below).
+    recomputed = coco_metrics(TINY_CONFIG, ann_file, predictions)
+    assert float(found[1]) == pytest.approx(
+        recomputed['coco/bbox_mAP'], abs=6e-4)
+    assert 0 <= float(found[1]) <= 1  # -1: pycocotools found no GT
+
+
+def test_gt_as_predictions_score_map_one(synthetic_root):
+    """The evaluation path that tools/test.py uses (the config's
+    CocoMetric, pycocotools) can tell right from wrong: the GT as
+    predictions gives mAP 1.0; the same boxes moved by half their width
+    give much less."""
+    ann_file = osp.join(synthetic_root, 'val', 'annotations.json')
+    perfect = coco_metrics(TINY_CONFIG, ann_file, gt_as_predictions(ann_file))
+    assert perfect['coco/bbox_mAP'] == 1.0
+    assert perfect['coco/bbox_mAP_50'] == 1.0
+    moved = coco_metrics(TINY_CONFIG, ann_file,
+                         gt_as_predictions(ann_file, shift=0.5))
+    assert moved['coco/bbox_mAP'] < 0.2
+    assert moved['coco/bbox_mAP_50'] < 1.0
 
 
 def test_two_nodes_on_localhost(synthetic_root, tmp_path):

@@ -6,20 +6,18 @@ from mmddp_ext.testing import run_on_ranks
 from mmddp_ext.utils import dist_env
 
 
-@pytest.mark.parametrize('gpus, ranks, requested, expected', [
-    (0, 2, None, 'gloo'),
-    (0, 2, 'nccl', 'gloo'),
-    (1, 2, 'nccl', 'gloo'),
-    (2, 2, 'nccl', 'nccl'),
-    (8, 8, None, 'nccl'),
-    (8, 8, 'gloo', 'gloo'),
+@pytest.mark.parametrize('gpus, ranks, requested, expected, why', [
+    (0, 2, None, 'gloo', 'CUDA is not available'),
+    (0, 2, 'nccl', 'gloo', 'CUDA is not available'),
+    (1, 2, 'nccl', 'gloo', '1 GPU(s) for 2 local ranks'),
+    (2, 2, 'nccl', 'nccl', '2 GPU(s) for 2 local ranks'),
+    (8, 8, None, 'nccl', '8 GPU(s) for 8 local ranks'),
+    (8, 8, 'gloo', 'gloo', "backend 'gloo' requested in dist_cfg"),
 ])
-def test_choose_backend(monkeypatch, gpus, ranks, requested, expected):
+def test_choose_backend(monkeypatch, gpus, ranks, requested, expected, why):
     monkeypatch.setattr(dist_env, 'visible_gpu_count', lambda: gpus)
     monkeypatch.setenv('LOCAL_WORLD_SIZE', str(ranks))
-    backend, reason = dist_env.choose_backend(requested)
-    assert backend == expected
-    assert reason
+    assert dist_env.choose_backend(requested) == (expected, why)
 
 
 def test_rank_device_and_device_ids_on_cpu(monkeypatch):

@@ -1,4 +1,13 @@
-"""AutoDDP on real gloo ranks with real Runner training of tiny DINO."""
+"""AutoDDP on real gloo ranks with real Runner training of tiny DINO.
+
+Runner starts dominate the cost, so each rank spawn trains several
+scenarios one after the other (``_train_scenarios``): AutoDDP, the
+hand-configured DDP it must equal, and the stock wrapper it replaces (the
+negative control, which must fail the way users saw it fail). Scenarios
+expected to fail run last and fail the same way on every rank, so the
+process group stays usable.
+"""
+import hashlib
 import time
 
 import pytest
@@ -10,6 +19,13 @@ from mmddp_ext.wrappers.auto_ddp import group_param_names
 from ..helpers import build_runner, rank0_log
 
 HEAD = 'model.bbox_head.type'
+ITERS = 2
+UNUSED = 'bbox_head.unused_scale'
+BRANCH = 'bbox_head.rank0_branch'
+LATE = 'bbox_head.late_branch'
+AUTO = dict(type='AutoDDP')
+HAND = dict(type='MMDistributedDataParallel', find_unused_parameters=True)
+STOCK = dict(type='MMDistributedDataParallel')
 
 
 class _SnapshotInitialParams:
@@ -30,133 +46,282 @@ class _SnapshotInitialParams:
                            runner.model.module.named_parameters()}
 
 
-def _train(work_dir, data_root, iters, overrides):
-    """Train on this rank; report the wrapper's state and rank 0's params."""
+def _digest(tensor):
+    return hashlib.sha256(tensor.detach().contiguous().numpy().tobytes()
+                          ).hexdigest()
+
+
+def _train(work_dir, data_root, overrides, name):
+    """Train on this rank; report the wrapper's state, a digest of every
+    parameter (every rank) and the parameters themselves (rank 0, and the
+    test branches on every rank)."""
     import torch.distributed as dist
     from mmengine.hooks import Hook
-    from . import ddp_probe_heads  # noqa: F401  (registers the heads)
-    runner = build_runner(work_dir, data_root, iters, overrides)
+    from . import ddp_probe_heads, late_use_heads  # noqa: F401  (register)
+    runner = build_runner(f'{work_dir}/{name}', data_root, ITERS,
+                          dict(overrides, experiment_name=name))
     snapshot = type('Snapshot', (_SnapshotInitialParams, Hook), {})()
     runner.register_hook(snapshot)
     runner.train()
     ddp = runner.model
-    params = None
-    if dist.get_rank() == 0:
-        params = {n: p.detach().clone()
-                  for n, p in ddp.module.named_parameters()}
+    named = dict(ddp.module.named_parameters())
+    rank0 = dist.get_rank() == 0
     return dict(
         wrapper=type(ddp).__name__,
         decision=getattr(ddp, 'autoddp_decision', None),
         find_unused=ddp.find_unused_parameters,
         ignored=sorted(ddp.parameters_to_ignore),
         static_graph=ddp.static_graph,
-        params=params,
-        initial=snapshot.params if params is not None else None)
+        digests={n: _digest(p) for n, p in named.items()},
+        branches={n: p.detach().clone() for n, p in named.items()
+                  if n.startswith((BRANCH, LATE, UNUSED))},
+        params={n: p.detach().clone() for n, p in named.items()}
+        if rank0 else None,
+        initial=snapshot.params if rank0 else None)
 
 
-def _run(tmp_path, synthetic_root, world_size, overrides, iters=3,
-         name='work'):
-    work_dir = str(tmp_path / name)
+def _train_scenarios(work_dir, data_root, scenarios):
+    """Run each ``(name, overrides, expect_error)`` scenario in turn."""
+    results = {}
+    for name, overrides, expect_error in scenarios:
+        try:
+            results[name] = _train(work_dir, data_root, overrides, name)
+        except Exception as error:  # the negative controls
+            if not expect_error:
+                raise
+            results[name] = dict(error=f'{type(error).__name__}: {error}')
+    return results
+
+
+def _spawn(tmp_path_factory, synthetic_root, world_size, scenarios,
+           timeout):
+    work_dir = str(tmp_path_factory.mktemp('auto_ddp'))
     results = run_on_ranks(
-        _train, world_size,
-        args=(work_dir, synthetic_root, iters, overrides), timeout=150)
+        _train_scenarios, world_size,
+        args=(work_dir, synthetic_root, scenarios), timeout=timeout)
     return work_dir, results
 
 
-@pytest.mark.parametrize('world_size', [2, 3])
-def test_unused_param_trains_without_flag(tmp_path, synthetic_root,
-                                          world_size):
-    work_dir, results = _run(
-        tmp_path, synthetic_root, world_size, {
-            HEAD: 'DINOHeadWithUnusedParam',
-            'model_wrapper_cfg': dict(type='AutoDDP')
-        })
-    for res in results:
+def _on_every_rank(results, name):
+    return [rank_results[name] for rank_results in results]
+
+
+def _assert_same_on_every_rank(per_rank):
+    """Decision, ignored list and every parameter bit for bit."""
+    first = per_rank[0]
+    for rank, res in enumerate(per_rank):
+        assert res['decision'] == first['decision'], rank
+        assert res['ignored'] == first['ignored'], rank
+        assert res['find_unused'] == first['find_unused'], rank
+        differing = [n for n, d in res['digests'].items()
+                     if d != first['digests'][n]]
+        assert differing == [], (rank, differing[:5])
+
+
+def _assert_close_params(params, reference):
+    assert params.keys() == reference.keys()
+    for name, value in params.items():
+        torch.testing.assert_close(
+            value, reference[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def _unused_param_run(tmp_path_factory, synthetic_root, world_size):
+    """An extended head whose new parameter never reaches the loss
+    (mmdetection #11899): AutoDDP; on 2 ranks also hand-configured DDP,
+    an explicit find_unused_parameters=False, and stock DDP."""
+    over = {HEAD: 'DINOHeadWithUnusedParam'}
+    scenarios = [('auto', dict(over, model_wrapper_cfg=AUTO), False)]
+    if world_size == 2:
+        scenarios += [
+            ('hand', dict(over, model_wrapper_cfg=HAND), False),
+            ('explicit_false', dict(over, model_wrapper_cfg=dict(
+                AUTO, find_unused_parameters=False)), True),
+            ('stock', dict(over, model_wrapper_cfg=STOCK), True),
+        ]
+    return _spawn(tmp_path_factory, synthetic_root, world_size, scenarios,
+                  timeout=240)
+
+
+@pytest.fixture(scope='module')
+def unused_2ranks(tmp_path_factory, synthetic_root):
+    return _unused_param_run(tmp_path_factory, synthetic_root, 2)
+
+
+@pytest.fixture(scope='module')
+def unused_3ranks(tmp_path_factory, synthetic_root):
+    return _unused_param_run(tmp_path_factory, synthetic_root, 3)
+
+
+@pytest.mark.parametrize('run', ['unused_2ranks', 'unused_3ranks'])
+def test_unused_param_trains_without_flag(request, run):
+    work_dir, results = request.getfixturevalue(run)
+    auto = _on_every_rank(results, 'auto')
+    _assert_same_on_every_rank(auto)
+    for res in auto:
         assert res['wrapper'] == 'AutoDDP'
         assert res['decision']['mode'] == 'ignore_unused'
         assert res['find_unused'] is False  # no per-step graph traversal
-        assert res['ignored'] == ['bbox_head.unused_scale']
-    # Never received a gradient: AdamW's weight decay did not touch it.
-    assert results[0]['params']['bbox_head.unused_scale'].item() == 1.0
-    log = rank0_log(work_dir)
+        assert res['ignored'] == [UNUSED]
+        # Never received a gradient: AdamW's weight decay did not touch it.
+        assert res['branches'][UNUSED].item() == 1.0
+    log = rank0_log(f'{work_dir}/auto')
     decision_lines = [line for line in log.splitlines() if 'AutoDDP:' in line]
     assert len(decision_lines) == 1
-    assert 'bbox_head.unused_scale' in decision_lines[0]
+    assert UNUSED in decision_lines[0]
     assert 'find_unused_parameters=False' in decision_lines[0]
 
 
-def test_stock_ddp_fails_on_the_same_model(tmp_path, synthetic_root):
-    """The problem AutoDDP removes, shown with the same model."""
-    with pytest.raises(MultiRankError) as info:
-        _run(tmp_path, synthetic_root, 2, {
-            HEAD: 'DINOHeadWithUnusedParam',
-            'model_wrapper_cfg': dict(type='MMDistributedDataParallel')
-        })
-    assert 'Expected to have finished reduction' in str(info.value)
-
-
-def test_same_params_as_hand_configured_ddp(tmp_path, synthetic_root):
-    iters = 4
-    overrides = {HEAD: 'DINOHeadWithUnusedParam'}
-    _, auto = _run(
-        tmp_path, synthetic_root, 2,
-        dict(overrides, model_wrapper_cfg=dict(type='AutoDDP')), iters,
-        'auto')
-    _, hand = _run(
-        tmp_path, synthetic_root, 2,
-        dict(overrides, model_wrapper_cfg=dict(
-            type='MMDistributedDataParallel', find_unused_parameters=True)),
-        iters, 'hand')
-    assert hand[0]['find_unused'] is True
-    auto_params, hand_params = auto[0]['params'], hand[0]['params']
-    assert auto_params.keys() == hand_params.keys()
-    for name, value in auto_params.items():
-        torch.testing.assert_close(
-            value, hand_params[name], rtol=1e-6, atol=1e-7, msg=name)
-    initial = auto[0]['initial']
-    moved = [n for n, v in auto_params.items() if not torch.equal(
-        v, initial[n])]
+def test_same_params_as_hand_configured_ddp(unused_2ranks):
+    _, results = unused_2ranks
+    auto, hand = results[0]['auto'], results[0]['hand']
+    assert hand['find_unused'] is True
+    _assert_same_on_every_rank(_on_every_rank(results, 'hand'))
+    _assert_close_params(auto['params'], hand['params'])
+    moved = [n for n, v in auto['params'].items()
+             if not torch.equal(v, auto['initial'][n])]
     # Training really happened: all but the unused parameter moved.
-    assert set(initial) - set(moved) == {'bbox_head.unused_scale'}
-    assert hand_params['bbox_head.unused_scale'].item() == 1.0
+    assert set(auto['initial']) - set(moved) == {UNUSED}
+    assert hand['params'][UNUSED].item() == 1.0
 
 
-@pytest.mark.parametrize('world_size', [2, 3])
-def test_branch_used_on_one_rank_trains(tmp_path, synthetic_root,
-                                        world_size):
-    _, results = _run(
-        tmp_path, synthetic_root, world_size, {
-            HEAD: 'DINOHeadRankZeroBranch',
-            'model_wrapper_cfg': dict(type='AutoDDP')
-        })
-    for res in results:
+def test_explicit_false_is_honoured(unused_2ranks):
+    """find_unused_parameters=False set by the user is not overridden by
+    the probe (which would leave the parameter out): the fast path's check
+    stops every rank in the first step, naming the parameter and the fix."""
+    _, results = unused_2ranks
+    for rank, res in enumerate(_on_every_rank(results, 'explicit_false')):
+        error = res['error']
+        assert f'AutoDDP (rank {rank}): 1 parameter(s) received no ' \
+            'gradient' in error
+        assert UNUSED in error
+        assert "find_unused_parameters=True) in the config" in error
+
+
+def test_stock_ddp_fails_on_the_same_model(unused_2ranks):
+    """The problem AutoDDP removes, shown with the same model and ranks."""
+    _, results = unused_2ranks
+    for res in _on_every_rank(results, 'stock'):
+        assert 'Expected to have finished reduction' in res['error']
+
+
+def _partial_use_run(tmp_path_factory, synthetic_root, world_size):
+    """A branch used on rank 0 only, with AutoDDP; on 2 ranks also with
+    hand-configured DDP (find_unused_parameters=True), the plain model
+    (flag unset, explicit True) and a branch left out of DDP in the first
+    step and used later (AutoDDP, and stock DDP ignoring it)."""
+    branch = {HEAD: 'DINOHeadRankZeroBranch'}
+    late = {HEAD: 'DINOHeadUsedFromStep2'}
+    scenarios = [('branch_auto', dict(branch, model_wrapper_cfg=AUTO), False)]
+    if world_size == 2:
+        scenarios += [
+            ('branch_hand', dict(branch, model_wrapper_cfg=HAND), False),
+            ('plain_auto', dict(model_wrapper_cfg=AUTO), False),
+            ('plain_true', dict(model_wrapper_cfg=dict(
+                AUTO, find_unused_parameters=True)), False),
+            ('late_auto', dict(late, model_wrapper_cfg=AUTO), False),
+            ('late_ignored', dict(late, model_wrapper_cfg=dict(
+                type='DDPIgnoringLateBranch')), False),
+        ]
+    return _spawn(tmp_path_factory, synthetic_root, world_size, scenarios,
+                  timeout=280)
+
+
+@pytest.fixture(scope='module')
+def partial_2ranks(tmp_path_factory, synthetic_root):
+    return _partial_use_run(tmp_path_factory, synthetic_root, 2)
+
+
+@pytest.fixture(scope='module')
+def partial_3ranks(tmp_path_factory, synthetic_root):
+    return _partial_use_run(tmp_path_factory, synthetic_root, 3)
+
+
+@pytest.mark.parametrize('run', ['partial_2ranks', 'partial_3ranks'])
+
+
+def test_branch_used_on_one_rank_trains(request, run):
+    """Rank 0's branch gradient is averaged into every replica: after the
+    steps every rank holds the same weights (bit for bit), equal to
+    hand-configured DDP with find_unused_parameters=True."""
+    _, results = request.getfixturevalue(run)
+    auto = _on_every_rank(results, 'branch_auto')
+    _assert_same_on_every_rank(auto)
+    for res in auto:
         assert res['decision']['mode'] == 'find_unused'
         assert res['find_unused'] is True
-        assert any('rank0_branch' in n
-                   for n in res['decision']['partially_used'])
-    # Rank 0's branch gradient was averaged into every replica: trained.
-    weight = results[0]['params']['bbox_head.rank0_branch.weight']
-    assert torch.isfinite(weight).all()
+        assert res['decision']['partially_used'] == [
+            f'{BRANCH}.weight', f'{BRANCH}.bias']
+    if 'branch_hand' in results[0]:  # 2 ranks (time budget)
+        _assert_same_on_every_rank(_on_every_rank(results, 'branch_hand'))
+        _assert_close_params(results[0]['branch_auto']['params'],
+                             results[0]['branch_hand']['params'])
+    weight = f'{BRANCH}.weight'
+    assert not torch.equal(results[0]['branch_auto']['params'][weight],
+                           results[0]['branch_auto']['initial'][weight])
 
 
-def test_nothing_unused_runs_the_fast_path(tmp_path, synthetic_root):
-    _, results = _run(tmp_path, synthetic_root, 2,
-                      {'model_wrapper_cfg': dict(type='AutoDDP')})
-    for res in results:
+def test_nothing_unused_runs_the_fast_path(partial_2ranks):
+    _, results = partial_2ranks
+    plain = _on_every_rank(results, 'plain_auto')
+    _assert_same_on_every_rank(plain)
+    for res in plain:
         assert res['decision']['mode'] == 'static'
         assert res['find_unused'] is False
         assert res['ignored'] == []
         assert res['static_graph'] is False
 
 
+def test_explicit_flag_is_honoured_and_disagreement_logged(partial_2ranks):
+    work_dir, results = partial_2ranks
+    per_rank = _on_every_rank(results, 'plain_true')
+    _assert_same_on_every_rank(per_rank)
+    for res in per_rank:
+        assert res['find_unused'] is True
+        assert res['decision']['mode'] == 'user'
+        assert res['decision']['find_unused_parameters'] is True
+    assert 'find_unused_parameters=True was set, but every' in rank0_log(
+        f'{work_dir}/plain_true')
+    assert 'was set, but' not in rank0_log(f'{work_dir}/plain_auto')
+
+
+def test_param_left_out_and_used_later_is_synced_on_the_spot(
+        partial_2ranks):
+    """A parameter AutoDDP left out of DDP (unused in the probe step) that
+    every rank uses later, with different data: its gradient is averaged
+    on the spot, so every replica holds the same value. The control, the
+    same parameter left out of stock DDP, ends different on every rank."""
+    work_dir, results = partial_2ranks
+    late = _on_every_rank(results, 'late_auto')
+    for res in late:
+        assert res['decision']['mode'] == 'ignore_unused'
+        assert res['ignored'] == [f'{LATE}.bias', f'{LATE}.weight']
+    _assert_same_on_every_rank(late)
+    weight = f'{LATE}.weight'
+    assert not torch.equal(late[0]['branches'][weight],
+                           results[0]['late_auto']['initial'][weight])
+    assert ('AutoDDP: parameters left out of DDP received gradients and '
+            f'were averaged across ranks: {LATE}.{{weight,bias}}'
+            ) in rank0_log(f'{work_dir}/late_auto')
+    ignored = _on_every_rank(results, 'late_ignored')
+    assert not torch.equal(ignored[0]['branches'][weight],
+                           ignored[1]['branches'][weight])
+
+
+def _train_one(work_dir, data_root, overrides, iters):
+    from . import ddp_probe_heads  # noqa: F401  (registers the heads)
+    build_runner(work_dir, data_root, iters, overrides).train()
+
+
 def test_param_going_unused_later_stops_with_clear_message(
         tmp_path, synthetic_root):
     start = time.monotonic()
     with pytest.raises(MultiRankError) as info:
-        _run(tmp_path, synthetic_root, 2, {
-            HEAD: 'DINOHeadGoesUnusedLater',
-            'model_wrapper_cfg': dict(type='AutoDDP')
-        }, iters=6)
+        run_on_ranks(
+            _train_one, 2, timeout=150,
+            args=(str(tmp_path), synthetic_root, {
+                HEAD: 'DINOHeadGoesUnusedLater',
+                'model_wrapper_cfg': AUTO
+            }, 6))
     elapsed = time.monotonic() - start
     message = str(info.value)
     assert 'UnexpectedUnusedParameterError' in message
@@ -164,18 +329,6 @@ def test_param_going_unused_later_stops_with_clear_message(
     assert 'bbox_head.late_branch.{weight,bias}' in message
     assert "find_unused_parameters=True" in message
     assert elapsed < 120, f'took {elapsed:.0f}s: a hang, not a fast stop'
-
-
-def test_explicit_flag_is_honoured_and_disagreement_logged(
-        tmp_path, synthetic_root):
-    work_dir, results = _run(
-        tmp_path, synthetic_root, 2, {
-            'model_wrapper_cfg': dict(
-                type='AutoDDP', find_unused_parameters=True)
-        })
-    assert all(r['find_unused'] is True for r in results)
-    log = rank0_log(work_dir)
-    assert 'find_unused_parameters=True was set, but every' in log
 
 
 def test_group_param_names_truncates():

@@ -12,10 +12,10 @@ import os.path as osp
 import pytest
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
-from ..dino_utils import (build_model, ddp_step_report,
+from ..dino_utils import (build_model, control_step_report, ddp_step_report,
                           drop_dn_padding_of_gt_less_images,
                           global_relative_error, loss_and_grads, raw_batch,
-                          relative_errors, tiny_dino_cfg)
+                          record_dn_meta, relative_errors, tiny_dino_cfg)
 
 REPO_ROOT = osp.dirname(
     osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
@@ -28,6 +28,9 @@ GT_COUNTS = {2: [[2, 1], [0, 0]], 3: [[2, 1], [0, 0], [1, 2]]}
 # With an unshuffled sampler, rank r reads images r, r + W, ...
 EMPTY_IMAGES = {2: 'odd', 3: 'mod3:1'}
 TRAIN_ITERS = 2
+# Collective timeout of the negative control's own process group: a
+# mismatched collective there fails (or times out) within this bound.
+CONTROL_TIMEOUT_S = 15
 
 # A stock mmdet DINO config with the opt-in added: the mmddp_ext base and
 # the two-line model override documented in configs/_base_/mmddp_ext.py.
@@ -144,28 +147,64 @@ def _train_opt_in_config(config_path, data_root, work_dir):
         find_unused=runner.model.find_unused_parameters)
 
 
-def _ddp_steps(gt_counts):
+def _ddp_steps(gt_counts, ddp_safe=True, head=None, process_group=None):
     """Two plain-DDP passes of this rank's fixed batch (see
-    ``ddp_step_report``); only rank 0 keeps its gradients."""
+    ``ddp_step_report``), with each pass's ``dn_meta`` and loss keys; only
+    rank 0 keeps its gradients."""
     import torch.distributed as dist
+    from .. import dn_skipping_heads  # noqa: F401  (registers the heads)
     rank = dist.get_rank()
-    model = build_model(tiny_dino_cfg(ddp_safe=True, deterministic=True))
-    report = ddp_step_report(model,
-                             raw_batch(gt_counts[rank], first_index=2 * rank))
+    model = build_model(
+        tiny_dino_cfg(ddp_safe=ddp_safe, deterministic=True, head=head))
+    head_calls = record_dn_meta(model.bbox_head)
+    report = ddp_step_report(
+        model,
+        raw_batch(gt_counts[rank], first_index=2 * rank),
+        process_group=process_group)
+    report['head_calls'] = head_calls
     if rank != 0:
         report['grads'] = None
     return report
 
 
-def _rank_main(gt_counts, config_path, data_root, work_dir):
-    return dict(
+def _stock_generator_with_skipping_head(gt_counts):
+    """The negative control: mmdet's DINO + a head that skips an empty dn
+    part, on a process group of its own with a short collective timeout
+    (see ``control_step_report``). Returns the error and what the head
+    saw."""
+    import torch.distributed as dist
+    from .. import dn_skipping_heads  # noqa: F401  (registers the heads)
+    rank = dist.get_rank()
+    model = build_model(
+        tiny_dino_cfg(
+            ddp_safe=False,
+            deterministic=True,
+            head='DINOHeadSkippingEmptyDn'))
+    head_calls = record_dn_meta(model.bbox_head)
+    outcome = control_step_report(
+        model, raw_batch(gt_counts[rank], first_index=2 * rank),
+        CONTROL_TIMEOUT_S)
+    return dict(outcome, head_calls=head_calls)
+
+
+def _rank_main(gt_counts, config_path, data_root, work_dir, control):
+    results = dict(
         steps=_ddp_steps(gt_counts),
         training=_train_opt_in_config(config_path, data_root, work_dir))
+    if control:  # on 2 ranks only (time budget)
+        # What the dummy group buys: a head that skips an empty dn part
+        # runs the same code on every rank with the DDP-safe generator...
+        results['skipping_safe'] = _ddp_steps(
+            gt_counts, head='DDPSafeDINOHeadSkippingEmptyDn')
+        # ...mmdet's DINOHead, with no such branch, survives without it...
+        results['stock'] = _ddp_steps(gt_counts, ddp_safe=False)
+        # ...and the skipping head does not (last: it breaks its groups).
+        results['skipping_stock'] = _stock_generator_with_skipping_head(
+            gt_counts)
+    return results
 
 
-@pytest.fixture(scope='module', params=[2, 3], ids=['2ranks', '3ranks'])
-def dist_run(request, tmp_path_factory):
-    world_size = request.param
+def _dist_run(tmp_path_factory, world_size):
     root = tmp_path_factory.mktemp(f'ddp_safe_dino_{world_size}')
     make_synthetic_coco(
         str(root / 'train'),
@@ -177,9 +216,25 @@ def dist_run(request, tmp_path_factory):
         _rank_main,
         world_size,
         args=(GT_COUNTS[world_size], str(config_path), str(root),
-              str(root / 'work')),
-        timeout=170)
+              str(root / 'work'), world_size == 2),
+        timeout=240)
     return world_size, results
+
+
+@pytest.fixture(scope='module')
+def dist_2ranks(tmp_path_factory):
+    return _dist_run(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope='module')
+def dist_3ranks(tmp_path_factory):
+    return _dist_run(tmp_path_factory, 3)
+
+
+@pytest.fixture(params=['dist_2ranks', 'dist_3ranks'],
+                ids=['2ranks', '3ranks'])
+def dist_run(request):
+    return request.getfixturevalue(request.param)
 
 
 def test_same_loss_keys_collectives_and_gradients_on_every_rank(dist_run):
@@ -248,3 +303,71 @@ def test_stock_dino_config_with_opt_in_trains(dist_run):
         assert (seen == 0) == (rank == EMPTY_RANK), (rank, seen)
     assert {'dn_loss_cls', 'd0.dn_loss_iou',
             'enc_loss_cls'} <= set(trainings[0]['losses'])
+
+
+def test_gt_less_rank_gets_the_dummy_group(dist_run):
+    """The mechanism, asserted on every rank: the GT-less rank's head sees
+    one dummy dn group (2 queries), the others their real dn groups."""
+    world_size, results = dist_run
+    for rank, result in enumerate(results):
+        calls = result['steps']['head_calls']
+        assert len(calls) == 2, rank  # both passes
+        for call in calls:
+            meta = call['dn_meta']
+            if rank == EMPTY_RANK:
+                assert meta['dummy_dn_group'] is True
+                assert meta['num_denoising_queries'] == 2
+                assert meta['num_denoising_groups'] == 1
+            else:
+                assert meta['dummy_dn_group'] is False
+                assert meta['num_denoising_queries'] > 2
+
+
+def test_head_skipping_an_empty_dn_part_runs_the_same_on_every_rank(
+        dist_2ranks):
+    """With the dummy group, a head that skips the dn loss when there are
+    no dn queries (as RT-DETR v1's criterion does) never skips it: every
+    rank has the same loss keys and all-reduces, and DDP completes."""
+    _, results = dist_2ranks
+    steps = [result['skipping_safe'] for result in results]
+    for rank, step in enumerate(steps):
+        assert step['loss_keys'] == steps[0]['loss_keys'], rank
+        assert step['all_reduce_calls'] == steps[0]['all_reduce_calls']
+        assert step['missing_grads'] == [], rank
+        assert step['grad_checksum'] == steps[0]['grad_checksum'], rank
+    assert 'dn_loss_cls' in steps[EMPTY_RANK]['loss_keys']
+
+
+def test_stock_dino_head_survives_a_gt_less_rank(dist_2ranks):
+    """What the dummy group does not buy: mmdet's DINO + DINOHead already
+    keep the same loss keys and collectives on a GT-less rank (zero dn
+    queries, empty tensors still in the graph)."""
+    _, results = dist_2ranks
+    steps = [result['stock'] for result in results]
+    for rank, step in enumerate(steps):
+        stock_meta = step['head_calls'][0]['dn_meta']
+        assert 'dummy_dn_group' not in stock_meta
+        assert (stock_meta['num_denoising_queries'] == 0) == (
+            rank == EMPTY_RANK)
+        assert step['loss_keys'] == steps[0]['loss_keys'], rank
+        assert step['all_reduce_calls'] == steps[0]['all_reduce_calls']
+        assert step['missing_grads'] == [], rank
+
+
+def test_stock_generator_with_skipping_head_breaks_ddp(dist_2ranks):
+    """The negative control: the same skipping head with mmdet's generator.
+    The GT-less rank has no dn loss keys and skips the dn all-reduces, so
+    its peers wait for all-reduces that never come while it waits for
+    their gradients: the hang users see, caught here by the control
+    groups' collective timeout on every rank."""
+    _, results = dist_2ranks
+    controls = [result['skipping_stock'] for result in results]
+    # The ranks with GT may fail inside their forward (in their extra dn
+    # all-reduces), before the head's call is recorded.
+    empty_keys = controls[EMPTY_RANK]['head_calls'][0]['loss_keys']
+    assert not any('dn_loss' in key for key in empty_keys)
+    assert 'dn_loss_cls' in results[0]['stock']['loss_keys']
+    assert controls[EMPTY_RANK]['head_calls'][0]['dn_meta'][
+        'num_denoising_queries'] == 0
+    for rank, control in enumerate(controls):
+        assert 'Timed out waiting' in (control['error'] or ''), rank

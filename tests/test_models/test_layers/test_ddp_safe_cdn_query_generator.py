@@ -79,3 +79,23 @@ def test_with_gt_is_upstream_bit_for_bit(gt_counts):
         assert torch.equal(exp, out)
     assert got[3] == dict(expected[3], dummy_dn_group=False)
     assert got[3]['num_denoising_queries'] > 0
+
+
+def test_registry_builds_the_ddp_safe_generator():
+    """Configs name it by type: what the registry builds must give a
+    GT-less batch the dummy group (mmdet's gives zero dn queries)."""
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+
+    import mmddp_ext  # noqa: F401
+    register_all_modules()
+    generator = MODELS.build(
+        dict(
+            type='DDPSafeCdnQueryGenerator',
+            num_classes=3,
+            embed_dims=EMBED_DIMS,
+            num_matching_queries=NUM_MATCHING,
+            group_cfg=dict(dynamic=True, num_dn_queries=10)))
+    *_, dn_meta = generator(_samples([0, 0]))
+    assert dn_meta['dummy_dn_group'] is True
+    assert dn_meta['num_denoising_queries'] == 2

@@ -1,0 +1,77 @@
+"""DDP-safe denoising of the CO-DINO port and its negative control, on 2
+real gloo ranks under ``DistributedDataParallel(find_unused_parameters=
+False)`` with one rank whose batch has no GT.
+
+One spawn runs the port as it is (the GT-less rank gets the dummy dn
+group) and then, last and on a process group of its own with a short
+collective timeout (``control_step_report``), the same model whose query
+head's generator gives a GT-less batch no dn part at all, as a v1-style
+port does.
+"""
+import pytest
+
+from mmddp_ext.testing import run_on_ranks
+from ...test_models.dino_utils import (V1StyleCriterion, V1StyleDnGenerator,
+                                       control_step_report, ddp_step_report,
+                                       raw_batch, record_generator_calls,
+                                       swap_behaviour)
+from .codetr_utils import build_tiny, tiny_model_cfg
+
+EMPTY_RANK = 1
+GT_COUNTS = [[2, 1], [0, 0]]
+CONTROL_TIMEOUT_S = 15
+
+
+def _rank_main():
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    batch = raw_batch(GT_COUNTS[rank], first_index=2 * rank)
+    model = build_tiny(tiny_model_cfg())
+    calls = record_generator_calls(model.query_head.dn_generator)
+    port = ddp_step_report(model, batch)
+    port.pop('grads')
+    control_model = build_tiny(tiny_model_cfg())
+    swap_behaviour(control_model.query_head.dn_generator, V1StyleDnGenerator)
+    swap_behaviour(control_model.query_head, V1StyleCriterion)
+    control_calls = record_generator_calls(
+        control_model.query_head.dn_generator)
+    control = control_step_report(control_model, batch, CONTROL_TIMEOUT_S)
+    return dict(port=port, port_dn=calls, v1=control, v1_dn=control_calls)
+
+
+@pytest.fixture(scope='module')
+def dn_run():
+    return run_on_ranks(_rank_main, 2, timeout=150)
+
+
+def test_port_gives_the_gt_less_rank_a_dummy_group(dn_run):
+    for rank, result in enumerate(dn_run):
+        for dn_meta in result['port_dn']:
+            assert dn_meta['dummy_dn_group'] is (rank == EMPTY_RANK)
+            if rank == EMPTY_RANK:
+                assert dn_meta['num_denoising_queries'] == 2
+        port = result['port']
+        assert port['loss_keys'] == dn_run[0]['port']['loss_keys']
+        assert port['all_reduce_calls'] == dn_run[0]['port'][
+            'all_reduce_calls']
+        assert port['missing_grads'] == []
+
+
+def test_v1_style_gt_less_rank_breaks_ddp(dn_run):
+    """Without the dn part the GT-less rank has no dn loss keys, issues
+    fewer all-reduces and leaves the dn label embedding unused."""
+    assert dn_run[EMPTY_RANK]['v1_dn'][0] is None
+    # The rank with GT may fail inside its forward (its extra dn
+    # all-reduces), before its loss keys are recorded.
+    empty = dn_run[EMPTY_RANK]['v1']['loss_keys'][0]
+    assert not any('dn_loss' in key for key in empty)
+    assert any('dn_loss' in key for key in dn_run[0]['port']['loss_keys'])
+    # The seed failure: the GT-less rank left the dn label embedding out
+    # of its graph, so DDP stops it at the next step, while the rank with
+    # GT waits for all-reduces that never come (a hang, bounded here by
+    # the control groups' timeout).
+    assert 'Expected to have finished reduction' in (
+        dn_run[EMPTY_RANK]['v1']['error'] or '')
+    assert 'Timed out waiting' in (dn_run[0]['v1']['error'] or '')
