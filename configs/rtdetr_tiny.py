@@ -8,9 +8,10 @@ _base_ = [
     './_base_/models/rtdetr_tiny.py',
     './_base_/mmddp_ext.py',
 ]
-# Set here, not in a base: configs/_base_/mmddp_ext.py owns the key.
+# The port's package; configs/_base_/mmddp_ext.py registers mmddp_ext itself
+# and leaves custom_imports to the config.
 custom_imports = dict(
-    imports=['mmddp_ext', 'projects.RT-DETR.rtdetr'],
+    imports=['projects.RT-DETR.rtdetr'],
     allow_failed_imports=False)
 # RT-DETR-tiny (64-d) learns the synthetic shapes faster with a larger lr.
 optim_wrapper = dict(optimizer=dict(lr=1e-3))
