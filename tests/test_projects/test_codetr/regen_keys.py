@@ -30,22 +30,24 @@ HERE = osp.dirname(osp.abspath(__file__))
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(HERE)))
 CODINO_CONFIGS = osp.join(REPO_ROOT, 'projects', 'CO-DETR', 'configs',
                           'codino')
-# Upstream commits whose sources (configs, projects/CO-DETR/codetr) the
-# pinned structure was read from.
-UPSTREAM = ('open-mmlab/mmdetection projects/CO-DETR: codetr/transformer.py '
-            '@7ece1f0a, codetr/co_dino_head.py and codetr.py @2a6903c0, '
-            'configs/codino/co_dino_5scale_swin_l_16xb1_1x_coco.py @00ac6925')
+# Upstream (open-mmlab/mmdetection projects/CO-DETR) sources the pinned
+# structure was read from.
+UPSTREAM_CODE = ('codetr/transformer.py @7ece1f0a, codetr/co_dino_head.py '
+                 'and codetr/codetr.py @2a6903c0')
 PINS = {
     'r50': (osp.join(REPO_ROOT, 'configs', 'co_dino_ext.py'),
             osp.join(HERE, 'co_dino_5scale_r50_keys.txt'),
             'CO-DINO 5-scale R50 (80 classes, 900 queries, 6+6 layers, '
-            '2 auxiliary heads)'),
+            '2 auxiliary heads)',
+            'configs/codino/co_dino_5scale_r50_8xb2_1x_coco.py @e0a6cf6a'),
     'swin_l': (osp.join(CODINO_CONFIGS,
                         'co_dino_5scale_swin_l_16xb1_1x_coco.py'),
                osp.join(HERE, 'co_dino_5scale_swin_l_keys.txt'),
                'CO-DINO 5-scale Swin-L (mmdet SwinTransformer, embed 192, '
                'depths 2-2-18-2, window 12; 80 classes, 900 queries, 6+6 '
-               'layers, 2 auxiliary heads)'),
+               'layers, 2 auxiliary heads)',
+               'configs/codino/co_dino_5scale_swin_l_16xb1_1x_coco.py '
+               '@00ac6925'),
 }
 
 Entry = Tuple[str, Tuple[int, ...]]
@@ -121,16 +123,19 @@ def read_pin(path: str) -> List[Entry]:
     return entries
 
 
-def write_pin(path: str, name: str, title: str, config: str,
-              entries: List[Entry]) -> None:
+def write_pin(path: str, name: str, title: str, upstream_config: str,
+              config: str, entries: List[Entry]) -> None:
     header = [
-        f'State-dict keys and shapes of {title}, as upstream CO-DETR',
-        'builds it: mmcv transformer bricks under query_head.transformer,',
+        f'State-dict keys and shapes of {title},',
+        'as upstream CO-DETR builds it: mmcv transformer bricks under',
+        'query_head.transformer,',
         'cls/reg branches num_dec + 1, query_head.dn_generator.'
         'label_embedding,',
         'rpn_head, roi_head.0, bbox_head.0.',
-        f'Structure read from {UPSTREAM}.',
-        f'Config: {osp.relpath(config, REPO_ROOT)}.',
+        'Structure read from open-mmlab/mmdetection projects/CO-DETR:',
+        f'{UPSTREAM_CODE},',
+        f'{upstream_config}.',
+        f'Built from: {osp.relpath(config, REPO_ROOT)}.',
         'Regenerate: python tests/test_projects/test_codetr/regen_keys.py '
         f'--only {name}',
         'Check against upstream code: add --upstream-root '
@@ -155,7 +160,7 @@ def main() -> int:
     import_implementation(args.upstream_root)
     failed = False
     for name in ([args.only] if args.only else sorted(PINS)):
-        config, path, title = PINS[name]
+        config, path, title, upstream_config = PINS[name]
         entries = build_entries(config)
         if args.check:
             same = entries == read_pin(path)
@@ -163,7 +168,7 @@ def main() -> int:
             print(f'{name}: {len(entries)} keys, '
                   f"{'matches' if same else 'DIFFERS FROM'} {path}")
         else:
-            write_pin(path, name, title, config, entries)
+            write_pin(path, name, title, upstream_config, config, entries)
             print(f'{name}: wrote {len(entries)} keys to {path}')
     return int(failed)
 

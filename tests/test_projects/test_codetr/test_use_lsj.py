@@ -35,7 +35,14 @@ def _losses(model, batch):
 
 
 def _differ(first, second):
-    return any(not torch.equal(first[k], second[k]) for k in first)
+    """Whether any loss differs (the RPN's are per-level lists)."""
+
+    def values(losses, key):
+        value = losses[key]
+        return torch.stack(value) if isinstance(value, list) else value
+
+    return any(not torch.equal(values(first, k), values(second, k))
+               for k in first)
 
 
 def test_use_lsj_default_off_padding_masked_and_on_padding_is_image():
