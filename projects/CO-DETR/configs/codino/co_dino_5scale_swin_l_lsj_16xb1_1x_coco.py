@@ -35,37 +35,19 @@ model = dict(
     neck=dict(in_channels=[192, 384, 768, 1536]),
     query_head=dict(transformer=dict(encoder=dict(with_cp=6))))
 
+# The base's LSJ and test pipelines with every size at image_size.
+SIZE_KEYS = ('scale', 'crop_size', 'size')
 load_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(
-        type='RandomResize',
-        scale=image_size,
-        ratio_range=(0.1, 2.0),
-        keep_ratio=True),
-    dict(
-        type='RandomCrop',
-        crop_type='absolute_range',
-        crop_size=image_size,
-        recompute_bbox=True,
-        allow_negative_crop=True),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2)),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='Pad', size=image_size, pad_val=dict(img=(114, 114, 114))),
+    dict(step, **{key: image_size for key in SIZE_KEYS if key in step})
+    for step in _base_.load_pipeline
 ]
 train_dataloader = dict(
     batch_size=1,
     num_workers=1,
     dataset=dict(dataset=dict(pipeline=load_pipeline)))
 test_pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='Resize', scale=image_size, keep_ratio=True),
-    dict(type='Pad', size=image_size, pad_val=dict(img=(114, 114, 114))),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(
-        type='PackDetInputs',
-        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
-                   'scale_factor'))
+    dict(step, **{key: image_size for key in SIZE_KEYS if key in step})
+    for step in _base_.test_pipeline
 ]
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
