@@ -13,13 +13,14 @@ side (the mmdetection #11899 seed case at Swin-L size):
   no_cp          backbone and encoder checkpointing off (the classic fix),
                  extended head, find_unused_parameters=True
 
-    python benchmarks/co_dino_memory.py [--size 256] [--device cpu]
+    python benchmarks/co_dino_memory.py [--size 128] [--device cpu]
 
 Full Swin-L CO-DINO (embed 192, depths 2-2-18-2; 900 queries, 6+6
 layers, ATSS and RPN+RoI auxiliary heads), one image of --size pixels
 with GT, a one-rank gloo (or nccl) process group. Peak memory as in
 benchmarks/checkpoint_memory.py: the profiler's CPU allocation events, or
-the CUDA allocator's peak with --device cuda.
+the CUDA allocator's peak with --device cuda (after a warm-up step; the
+profiler counts every allocation, so the CPU run needs none).
 """
 import argparse
 import importlib
@@ -98,7 +99,7 @@ def loss_fn(ddp, raw_batch):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--size', type=int, default=256)
+    parser.add_argument('--size', type=int, default=128)
     parser.add_argument('--device', default='cpu')
     args = parser.parse_args()
     from mmdet.utils import register_all_modules
@@ -118,8 +119,9 @@ def main():
     for name in VARIANTS:
         ddp = build(name, args.device)
         step = loss_fn(ddp, raw)
-        measure(step, None)  # warm-up (allocator caches, lazy init)
-        ddp.zero_grad(set_to_none=True)
+        if args.device == 'cuda':
+            measure(step, None)  # warm-up (allocator caches, lazy init)
+            ddp.zero_grad(set_to_none=True)
         peaks[name] = measure(step, None)
         print(f'{name:14s} peak {peaks[name] / 2**20:9.1f} MiB', flush=True)
         del ddp, step

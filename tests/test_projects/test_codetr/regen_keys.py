@@ -97,13 +97,15 @@ def import_implementation(upstream_root: Optional[str] = None):
     return importlib.import_module('projects.CO-DETR.codetr')
 
 
-def build_entries(config: str) -> List[Entry]:
-    """(key, shape) of the model of ``config``, built without weights."""
+def build_entries(config: str, on_meta: bool = True) -> List[Entry]:
+    """(key, shape) of the model of ``config``, built without weights
+    (``on_meta``) or on the CPU (upstream's code initialises weights while
+    building, which meta tensors cannot do)."""
     from mmdet.registry import MODELS
     from mmengine.config import Config
     cfg = Config.fromfile(config, import_custom_modules=False).model
     cfg.backbone.init_cfg = None  # no download
-    with weights_on_meta():
+    with weights_on_meta() if on_meta else contextlib.nullcontext():
         model = MODELS.build(cfg)
     return [(key, tuple(value.shape))
             for key, value in model.state_dict().items()]
@@ -161,7 +163,7 @@ def main() -> int:
     failed = False
     for name in ([args.only] if args.only else sorted(PINS)):
         config, path, title, upstream_config = PINS[name]
-        entries = build_entries(config)
+        entries = build_entries(config, on_meta=args.upstream_root is None)
         if args.check:
             same = entries == read_pin(path)
             failed |= not same
