@@ -14,6 +14,11 @@ layers, 30 queries, 256-d (mmdet's DINO decoder only supports 256-d):
                 and their positive query groups
   codino_tiny   configs/co_dino_tiny.py as the tests and demo run it
                 (128-d transformer)
+  dino_swin, codino_swin
+                dino and codino with a Swin-L-tiny backbone in place of
+                ResNet-18: mmdet's SwinTransformer as the Swin-L configs
+                build it (window 12, heads doubling per stage, drop path,
+                checkpointing off) at embed 48 and 2 blocks per stage
 Prints the median step time of each and the ratios; variants alternate
 so machine noise hits all of them alike.
 """
@@ -59,7 +64,29 @@ def _variants():
     dino = Config.fromfile(
         osp.join(REPO_ROOT, 'configs', '_base_', 'models',
                  'dino_tiny.py')).model
-    return dict(dino=dino, codino_noaux=noaux, codino=wide, codino_tiny=tiny)
+    return dict(
+        dino=dino,
+        codino_noaux=noaux,
+        codino=wide,
+        codino_tiny=tiny,
+        dino_swin=_with_swin_l_tiny(dino),
+        codino_swin=_with_swin_l_tiny(wide))
+
+
+def _with_swin_l_tiny(cfg):
+    """``cfg`` with a Swin-L-shaped backbone at tiny size."""
+    swin = copy.deepcopy(cfg)
+    swin['backbone'] = dict(
+        type='SwinTransformer',
+        embed_dims=48,
+        depths=[2, 2, 2, 2],
+        num_heads=[3, 6, 12, 24],
+        window_size=12,
+        drop_path_rate=0.3,
+        out_indices=(1, 2, 3),
+        with_cp=False)
+    swin['neck']['in_channels'] = [96, 192, 384]
+    return swin
 
 
 def _build(cfg):
@@ -121,6 +148,8 @@ def main():
           f"{step['codino'] / step['codino_noaux'] - 1:+.0%} "
           '(codino / codino_noaux - 1)')
     print(f"codino_tiny / dino   : {step['codino_tiny'] / step['dino']:.2f}x")
+    print(f"codino_swin / dino_swin: "
+          f"{step['codino_swin'] / step['dino_swin']:.2f}x (Swin-L-tiny)")
 
 
 if __name__ == '__main__':

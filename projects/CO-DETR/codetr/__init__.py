@@ -4,10 +4,12 @@ from .co_atss_head import CoATSSHead
 from .co_dino_head import CoDINOHead
 from .co_roi_head import CoStandardRoIHead
 from .codetr import CoDETR
+from .detr_decoder_layer import DetrTransformerDecoderLayer
 from .transformer import (CoDetrTransformerEncoder, CoDinoTransformer,
                           CoDinoTransformerDecoder)
 
 __all__ = [
     'CoDETR', 'CoDINOHead', 'CoATSSHead', 'CoStandardRoIHead',
-    'CoDinoTransformer', 'CoDetrTransformerEncoder', 'CoDinoTransformerDecoder'
+    'CoDinoTransformer', 'CoDetrTransformerEncoder',
+    'CoDinoTransformerDecoder', 'DetrTransformerDecoderLayer'
 ]

@@ -150,21 +150,27 @@ class CoDINOHead(DDPSafeDINOHead):
         super().init_weights()
         self.transformer.init_weights()
 
-    def _masks_and_positions(
-            self, mlvl_feats: Sequence[Tensor],
-            batch_img_metas: List[dict]) -> Tuple[List[Tensor], List[Tensor]]:
-        """Per-level padding masks (True on padding) and sine positions."""
+    @staticmethod
+    def _padding_masks(mlvl_feats: Sequence[Tensor],
+                       batch_img_metas: List[dict]) -> List[Tensor]:
+        """Per-level padding masks, True on padding."""
         batch_size = mlvl_feats[0].size(0)
         input_h, input_w = batch_img_metas[0]['batch_input_shape']
         img_masks = mlvl_feats[0].new_ones((batch_size, input_h, input_w))
         for index, meta in enumerate(batch_img_metas):
             img_h, img_w = meta['img_shape']
             img_masks[index, :img_h, :img_w] = 0
-        masks = [
+        return [
             F.interpolate(img_masks[None],
                           size=feat.shape[-2:]).to(torch.bool).squeeze(0)
             for feat in mlvl_feats
         ]
+
+    def _masks_and_positions(
+            self, mlvl_feats: Sequence[Tensor],
+            batch_img_metas: List[dict]) -> Tuple[List[Tensor], List[Tensor]]:
+        """Per-level padding masks (True on padding) and sine positions."""
+        masks = self._padding_masks(mlvl_feats, batch_img_metas)
         return masks, [self.positional_encoding(mask) for mask in masks]
 
     def _predictions(self, states: Tensor,
@@ -293,7 +299,9 @@ class CoDINOHead(DDPSafeDINOHead):
         targets = self.get_aux_targets(pos_coords, batch_img_metas, x)
         coords, labels, bbox_targets, label_weights, bbox_weights, feats, \
             attn_mask = targets
-        masks, _ = self._masks_and_positions(x[:-1], batch_img_metas)
+        # Masks only: the auxiliary queries carry their own positions
+        # (upstream also computes the sine positions here, then drops them).
+        masks = self._padding_masks(x[:-1], batch_img_metas)
         states, references = self.transformer.forward_aux(
             x[:-1], masks, coords, self.reg_branches, head_idx, feats,
             attn_mask)

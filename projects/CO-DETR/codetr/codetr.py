@@ -1,6 +1,7 @@
 """The CO-DETR detector: a DETR query head trained together with
 auxiliary one-stage (ATSS) and two-stage (RPN + RoI) heads."""
 import copy
+import logging
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -9,6 +10,7 @@ from mmdet.models.detectors.base import BaseDetector
 from mmdet.registry import MODELS
 from mmdet.structures import OptSampleList, SampleList
 from mmdet.utils import InstanceList, OptConfigType, OptMultiConfig
+from mmengine.logging import print_log
 from torch import Tensor
 
 EVAL_MODULES = ('detr', 'one-stage', 'two-stage')
@@ -46,9 +48,22 @@ class CoDETR(BaseDetector):
         test_cfg (list[dict], optional): Same order. Defaults to None.
         with_pos_coord (bool): Train the auxiliary positive query groups.
             Defaults to True.
-        use_lsj (bool): Treat the whole padded batch as image (upstream's
-            large-scale-jitter setting, where images are padded to a fixed
-            size). Defaults to True.
+        use_lsj (bool): Treat the whole padded batch as image: before the
+            heads run, each sample's ``img_shape`` becomes its
+            ``batch_input_shape`` (no padding mask, boxes normalised by the
+            padded size). Meant for large-scale jitter, where the pipeline
+            pads every image to one fixed size. Defaults to False: a
+            config that does not name the key keeps its batch padding
+            masked, as upstream trains non-LSJ configs. How it differs
+            from upstream: upstream's default is True, but its code writes
+            ``img_shape`` into a copy of ``metainfo``, so the key does
+            nothing there; its LSJ configs get the same effect from
+            mmdet's ``Pad`` transform, which sets ``img_shape`` to the
+            padded size. On upstream's configs (LSJ: ``use_lsj=True`` and
+            ``Pad`` to the batch size; the rest: ``use_lsj=False``) the two
+            agree. They differ only when ``use_lsj=True`` and a batch is
+            padded past ``img_shape``: the port trains on the padding as
+            image (and logs a warning once), upstream masks it.
         eval_module (str): Head used for prediction: 'detr', 'one-stage'
             or 'two-stage'. Defaults to 'detr'.
         eval_index (int): Which auxiliary head predicts for 'one-stage' or
@@ -68,7 +83,7 @@ class CoDETR(BaseDetector):
                  train_cfg: Optional[Sequence[Optional[dict]]] = None,
                  test_cfg: Optional[Sequence[Optional[dict]]] = None,
                  with_pos_coord: bool = True,
-                 use_lsj: bool = True,
+                 use_lsj: bool = False,
                  eval_module: str = 'detr',
                  eval_index: int = 0,
                  data_preprocessor: OptConfigType = None,
@@ -81,6 +96,7 @@ class CoDETR(BaseDetector):
                 f"but got {eval_module!r}. Use 'detr' for the query head.")
         self.with_pos_coord = with_pos_coord
         self.use_lsj = use_lsj
+        self._lsj_padding_logged = False
         self.eval_module = eval_module
         self.eval_index = eval_index
         roi_heads = [cfg for cfg in roi_head if cfg]
@@ -141,12 +157,24 @@ class CoDETR(BaseDetector):
         return self.neck(x) if self.with_neck else x
 
     def _lsj_img_shape(self, batch_data_samples: SampleList) -> None:
-        """With ``use_lsj``, the padded batch is the image (as upstream)."""
+        """With ``use_lsj``, the padded batch is the image (see the class
+        docstring for how this differs from upstream)."""
         if not self.use_lsj:
             return
         for sample in batch_data_samples:
-            sample.set_metainfo(
-                dict(img_shape=tuple(sample.metainfo['batch_input_shape'])))
+            img_shape = tuple(sample.metainfo['img_shape'])
+            batch_shape = tuple(sample.metainfo['batch_input_shape'])
+            if img_shape != batch_shape and not self._lsj_padding_logged:
+                self._lsj_padding_logged = True
+                print_log(
+                    f'CoDETR: use_lsj=True trains on batch padding as image '
+                    f'(img_shape {img_shape} -> batch_input_shape '
+                    f'{batch_shape}); upstream masks this padding. Set '
+                    'model.use_lsj=False unless the pipeline pads every '
+                    'image to the batch size (LSJ Pad).',
+                    logger='current',
+                    level=logging.WARNING)
+            sample.set_metainfo(dict(img_shape=batch_shape))
 
     def loss(self, batch_inputs: Tensor,
              batch_data_samples: SampleList) -> Union[dict, list]:

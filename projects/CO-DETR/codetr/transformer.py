@@ -39,6 +39,7 @@ def _run_encoder_layer(layer: nn.Module, query: Tensor, query_pos: Tensor,
         valid_ratios=valid_ratios)
 
 
+@MODELS.register_module(name='DetrTransformerEncoder')
 @MODELS.register_module()
 class CoDetrTransformerEncoder(TransformerLayerSequence):
     """Deformable DETR encoder with activation checkpointing through
@@ -53,7 +54,9 @@ class CoDetrTransformerEncoder(TransformerLayerSequence):
     which DDP with unused parameters needs (mmddp_ext's
     ``activation_checkpoint`` reads this class's source: it must not name
     that flag). Checkpointing only runs in training
-    with grad enabled; parameter names are those of upstream.
+    with grad enabled; parameter names are those of upstream. Also
+    registered under upstream's type name ``DetrTransformerEncoder`` (with
+    upstream's arguments), so upstream's CO-DINO configs build unchanged.
 
     Args:
         transformerlayers (dict | list[dict]): Config of the
@@ -146,6 +149,7 @@ def coordinate_sine_embedding(coords: Tensor,
     return pos.flatten(-2).flatten(-2)
 
 
+@MODELS.register_module(name='DinoTransformerDecoder')
 @MODELS.register_module()
 class CoDinoTransformerDecoder(TransformerLayerSequence):
     """DINO decoder with look-forward-twice box refinement.
@@ -155,7 +159,8 @@ class CoDinoTransformerDecoder(TransformerLayerSequence):
     and a final ``norm``). The query position comes from the sine
     embedding of the reference box with ``embed_dims // 2`` features per
     coordinate (128 for the 256-d model, as upstream), so narrower models
-    work too. The reference order is (y, x, w, h), as upstream.
+    work too. The reference order is (y, x, w, h), as upstream. Also
+    registered under upstream's type name ``DinoTransformerDecoder``.
 
     Args:
         transformerlayers (dict | list[dict]): Config of the decoder

@@ -5,9 +5,6 @@ import os.path as osp
 from ...helpers import REPO_ROOT
 
 TINY_CONFIG = osp.join(REPO_ROOT, 'configs', 'co_dino_tiny.py')
-EXT_CONFIG = osp.join(REPO_ROOT, 'configs', 'co_dino_ext.py')
-KEYS_FILE = osp.join(
-    osp.dirname(osp.abspath(__file__)), 'co_dino_5scale_r50_keys.txt')
 # Far below half an ulp of any box coordinate: dn queries equal their GT.
 NO_NOISE = 1e-20
 # A sampler quota above any anchor or proposal count: sample everything.

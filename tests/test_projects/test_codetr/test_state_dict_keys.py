@@ -1,37 +1,51 @@
-"""CO-DINO R50 5-scale parameter names and shapes match upstream's."""
-from .codetr_utils import EXT_CONFIG, KEYS_FILE, import_project
+"""CO-DINO R50 and Swin-L parameter names and shapes match upstream's
+(the pinned lists; regen_keys.py writes them and says where they come
+from)."""
+import os.path as osp
+
+import pytest
+
+from .codetr_utils import import_project
+from .regen_keys import CODINO_CONFIGS, PINS, build_entries, read_pin
+
+# Every config of a backbone builds the same state dict: upstream's
+# checkpoints of all of them load strictly.
+SAME_KEYS = {
+    'r50': ['co_dino_5scale_r50_lsj_8xb2_1x_coco.py'],
+    'swin_l': [
+        'co_dino_5scale_swin_l_lsj_16xb1_1x_coco.py',
+        'co_dino_5scale_swin_l_16xb1_16e_o365tococo.py',
+    ],
+}
+NUM_KEYS = {'r50': 674}
 
 
-def _pinned():
-    """(key, shape) per line of the pinned list; '#' lines are comments."""
-    entries = []
-    with open(KEYS_FILE) as f:
-        for line in f:
-            line = line.rstrip('\n')
-            if not line or line.startswith('#'):
-                continue
-            key, shape = line.rsplit(' ', 1)
-            dims = tuple(int(d) for d in shape.split(',')) if shape else ()
-            entries.append((key, dims))
-    return entries
-
-
-def test_r50_5scale_state_dict_matches_upstream_keys_and_shapes():
-    import torch
-    from mmdet.registry import MODELS
-    from mmengine.config import Config
+@pytest.mark.parametrize('name', sorted(PINS))
+def test_state_dict_matches_upstream_keys_and_shapes(name):
     import_project()
-    cfg = Config.fromfile(EXT_CONFIG).model
-    cfg.backbone.init_cfg = None  # no download
-    with torch.device('meta'):
-        model = MODELS.build(cfg)
-    built = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
-    pinned = _pinned()
-    assert len(pinned) == 674
-    missing = sorted(set(pinned) - set(built))
-    unexpected = sorted(set(built) - set(pinned))
-    assert missing == [] and unexpected == [], (missing[:10], unexpected[:10])
-    assert [k for k, _ in built] == [k for k, _ in pinned]  # same order
+    config, pin_file = PINS[name][:2]
+    pinned = read_pin(pin_file)
+    if name in NUM_KEYS:
+        assert len(pinned) == NUM_KEYS[name]
+    for path in [config] + [osp.join(CODINO_CONFIGS, other)
+                            for other in SAME_KEYS[name]]:
+        built = build_entries(path)
+        missing = sorted(set(pinned) - set(built))
+        unexpected = sorted(set(built) - set(pinned))
+        assert missing == [] and unexpected == [], (path, missing[:10],
+                                                    unexpected[:10])
+        assert [k for k, _ in built] == [k for k, _ in pinned]  # same order
+
+
+def test_swin_l_pin_differs_from_r50_only_in_backbone_and_neck_inputs():
+    """The two pins were written apart; their CO-DINO parts must agree."""
+    r50, swin = (dict(read_pin(PINS[name][1])) for name in ('r50', 'swin_l'))
+    head = {k for k in r50 if not k.startswith(('backbone.', 'neck.'))}
+    assert head == {
+        k for k in swin if not k.startswith(('backbone.', 'neck.'))}
+    assert all(r50[k] == swin[k] for k in head)
+    assert swin['neck.convs.3.conv.weight'] == (256, 1536, 1, 1)
+    assert any(k.startswith('backbone.stages.2.blocks.17.') for k in swin)
 
 
 def test_original_codetr_label_embedding_key_loads():

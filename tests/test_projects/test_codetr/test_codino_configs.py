@@ -1,0 +1,138 @@
+"""The configs in projects/CO-DETR/configs/codino build and carry upstream's
+hyper-parameters; the custom-data ones take their class count from
+``classes`` alone. (test_state_dict_keys.py builds the 1x configs.)"""
+import os.path as osp
+import re
+
+import pytest
+
+from .codetr_utils import import_project
+from .regen_keys import CODINO_CONFIGS, build_entries
+
+URL = 'https://download.openmmlab.com/mmdetection/v3.0/codetr/'
+NOT_BUILT_ELSEWHERE = [
+    'co_dino_5scale_r50_lsj_8xb2_3x_coco.py',
+    'co_dino_5scale_swin_l_16xb1_3x_coco.py',
+    'co_dino_5scale_swin_l_lsj_16xb1_3x_coco.py',
+    'co_dino_5scale_r50_lsj_custom.py',
+    'co_dino_5scale_swin_l_custom.py',
+]
+
+
+def _cfg(name):
+    from mmengine.config import Config
+    return Config.fromfile(
+        osp.join(CODINO_CONFIGS, name), import_custom_modules=False)
+
+
+def _steps(pipeline):
+    return {step['type']: step for step in pipeline}
+
+
+@pytest.mark.parametrize('name', NOT_BUILT_ELSEWHERE)
+def test_config_builds(name):
+    import_project()
+    entries = dict(build_entries(osp.join(CODINO_CONFIGS, name)))
+    classes = len(_cfg(name).get('classes', range(80)))
+    assert entries['query_head.cls_branches.0.weight'][0] == classes
+
+
+def test_lsj_configs_have_upstream_pipeline_and_schedule():
+    for name, size, epochs, drop in (
+        ('co_dino_5scale_r50_lsj_8xb2_1x_coco.py', 1024, 12, 11),
+        ('co_dino_5scale_r50_lsj_8xb2_3x_coco.py', 1024, 36, 30),
+        ('co_dino_5scale_swin_l_lsj_16xb1_1x_coco.py', 1280, 12, 11),
+        ('co_dino_5scale_swin_l_lsj_16xb1_3x_coco.py', 1280, 36, 30),
+    ):
+        cfg = _cfg(name)
+        assert cfg.model.use_lsj is True
+        assert cfg.model.data_preprocessor.batch_augments[0].size == (size,
+                                                                      size)
+        data = cfg.train_dataloader.dataset
+        assert data.type == 'MultiImageMixDataset'
+        assert data.dataset.filter_cfg.filter_empty_gt is False
+        assert _steps(data.pipeline)['CopyPaste'].max_num_pasted == 100
+        load = _steps(data.dataset.pipeline)
+        assert load['RandomResize'].ratio_range == (0.1, 2.0)
+        assert load['RandomResize'].scale == (size, size)
+        assert load['RandomCrop'].crop_size == (size, size)
+        assert load['Pad'].size == (size, size)
+        assert _steps(cfg.test_pipeline)['Pad'].size == (size, size)
+        assert cfg.train_cfg.max_epochs == epochs
+        (scheduler, ) = cfg.param_scheduler
+        assert scheduler.type == 'MultiStepLR'
+        assert scheduler.milestones == [drop]
+        assert cfg.optim_wrapper.optimizer.lr == 2e-4
+        assert cfg.auto_scale_lr.base_batch_size == 16
+        assert cfg.model.query_head.transformer.encoder.type == \
+            'DetrTransformerEncoder'
+
+
+def test_swin_l_configs_have_upstream_backbone_and_settings():
+    for name, drop_path, lsj in (
+        ('co_dino_5scale_swin_l_16xb1_1x_coco.py', 0.3, False),
+        ('co_dino_5scale_swin_l_16xb1_3x_coco.py', 0.6, False),
+        ('co_dino_5scale_swin_l_lsj_16xb1_1x_coco.py', 0.3, True),
+        ('co_dino_5scale_swin_l_lsj_16xb1_3x_coco.py', 0.5, True),
+        ('co_dino_5scale_swin_l_16xb1_16e_o365tococo.py', 0.3, False),
+    ):
+        cfg = _cfg(name)
+        backbone = cfg.model.backbone
+        assert backbone.type == 'SwinTransformer'
+        assert (backbone.embed_dims, backbone.depths, backbone.num_heads,
+                backbone.window_size) == (192, [2, 2, 18, 2],
+                                          [6, 12, 24, 48], 12)
+        assert backbone.drop_path_rate == drop_path
+        assert cfg.model.neck.in_channels == [192, 384, 768, 1536]
+        assert cfg.model.query_head.transformer.encoder.with_cp == 6
+        assert cfg.model.use_lsj is lsj
+        assert cfg.train_dataloader.batch_size == 1
+
+    o365 = _cfg('co_dino_5scale_swin_l_16xb1_16e_o365tococo.py')
+    assert o365.load_from.endswith('co_dino_5scale_swin_large_22e_o365-'
+                                   '0a33e247.pth')
+    assert o365.model.backbone.with_cp is True
+    assert o365.model.query_head.dn_cfg.box_noise_scale == 0.4
+    assert o365.model.query_head.dn_cfg.group_cfg.num_dn_queries == 500
+    assert o365.optim_wrapper.optimizer.lr == 1e-4
+    assert o365.train_cfg.max_epochs == 16
+    assert o365.param_scheduler[0].milestones == [8]
+    resize = o365.train_dataloader.dataset.pipeline[3].transforms[0][0]
+    assert resize.scales[0] == (480, 2048) and resize.scales[-1] == (1536,
+                                                                     2048)
+    assert len(resize.scales) == 34
+    assert _steps(o365.test_pipeline)['Resize'].scale == (2048, 1280)
+
+
+@pytest.mark.parametrize('name, checkpoint', [
+    ('co_dino_5scale_r50_lsj_custom.py', 'co_dino_5scale_lsj_r50_3x_coco'),
+    ('co_dino_5scale_swin_l_custom.py',
+     'co_dino_5scale_swin_large_16e_o365tococo'),
+])
+def test_custom_config_class_count_is_set_in_one_place(name, checkpoint):
+    """Editing ``classes`` alone changes every head's class count."""
+    from mmengine.config import Config
+    with open(osp.join(CODINO_CONFIGS, name)) as f:
+        text = f.read().replace("'./", f"'{CODINO_CONFIGS}/")
+    edited, count = re.subn(r"^classes = .*$",
+                            "classes = ('cat', 'dog', 'fox')", text,
+                            flags=re.M)
+    assert count == 1
+    for source, classes in ((text, 2), (edited, 3)):
+        cfg = Config.fromstring(source, file_format='.py')
+        model = cfg.model
+        assert model.query_head.num_classes == classes
+        assert model.roi_head[0].bbox_head.num_classes == classes
+        assert model.bbox_head[0].num_classes == classes
+        # The heads are the base's, only their class count changed.
+        assert model.roi_head[0].type == 'CoStandardRoIHead'
+        assert model.bbox_head[0].loss_cls.type == 'FocalLoss'
+        assert len(cfg.train_dataloader.dataset.metainfo.classes) == classes
+    assert cfg.load_from.startswith(URL) and checkpoint in cfg.load_from
+    data = cfg.train_dataloader.dataset
+    assert data.type == 'CocoDataset'
+    assert data.filter_cfg.filter_empty_gt is False
+    assert cfg.auto_scale_lr.base_batch_size == 16
+    for pipeline in (data.pipeline, cfg.val_dataloader.dataset.pipeline):
+        assert _steps(pipeline)['LoadAnnotations'].get('with_mask') in (
+            None, False)
