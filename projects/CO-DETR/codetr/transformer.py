@@ -48,12 +48,11 @@ class CoDetrTransformerEncoder(TransformerLayerSequence):
     Replaces upstream CO-DETR's ``DetrTransformerEncoder``, which wraps its
     first ``with_cp`` layers in fairscale's reentrant
     ``checkpoint_wrapper``. Here the same key checkpoints the same layers
-    with ``torch.utils.checkpoint.checkpoint``, leaving the reentrancy
-    flag to the caller's scope, so mmddp_ext's ``CheckpointConflictHook``
-    finds this module as a checkpoint site and can make it non-reentrant,
-    which DDP with unused parameters needs (mmddp_ext's
-    ``activation_checkpoint`` reads this class's source: it must not name
-    that flag). Checkpointing only runs in training
+    with ``torch.utils.checkpoint.checkpoint`` and leaves the reentrancy
+    flag unstated, so mmddp_ext's ``CheckpointConflictHook`` policy (which
+    applies to every checkpoint call that does not state it) can make it
+    non-reentrant, as DDP with unused parameters needs. Checkpointing only
+    runs in training
     with grad enabled; parameter names are those of upstream. Also
     registered under upstream's type name ``DetrTransformerEncoder`` (with
     upstream's arguments), so upstream's CO-DINO configs build unchanged.
@@ -120,8 +119,8 @@ class CoDetrTransformerEncoder(TransformerLayerSequence):
             run = functools.partial(_run_encoder_layer, layer)
             if index < self.with_cp and self.training and \
                     torch.is_grad_enabled():
-                # Looked up on the module at call time so that
-                # CheckpointConflictHook's non-reentrant scope applies.
+                # Reentrancy left unstated: CheckpointConflictHook's
+                # policy decides it.
                 query = torch_checkpoint.checkpoint(run, query, *inputs)
             else:
                 query = run(query, *inputs)
