@@ -88,12 +88,11 @@ class _DictAction(argparse.Action):
 def load_cfg(args, tool: str = 'train.py'):
     """The config of ``args.config`` with --launcher, --cfg-options and
     --work-dir applied (default ``./work_dirs/<config name>``)."""
-    from mmengine.config import Config
     if not osp.isfile(args.config):
         raise SystemExit(f'{tool}: config file {args.config!r} does not '
                          'exist (paths are relative to the current '
                          'directory).')
-    cfg = Config.fromfile(args.config)
+    cfg = _fromfile(args.config)
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
@@ -103,6 +102,26 @@ def load_cfg(args, tool: str = 'train.py'):
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
     return cfg
+
+
+def _fromfile(path: str):
+    """``Config.fromfile(path)``, explaining MMEngine's refusal of a key
+    that two ``_base_`` files set (typically ``runner_type`` from both
+    configs/_base_/mmddp_ext.py and one of the user's bases)."""
+    from mmengine.config import Config
+    try:
+        return Config.fromfile(path)
+    except KeyError as error:
+        if 'Duplicate key is not allowed among bases' not in str(error):
+            raise
+        raise ValueError(
+            f'{path}: two of its _base_ files set the same key(s) ({error}); '
+            'MMEngine refuses that. If configs/_base_/mmddp_ext.py is one of '
+            'them (it sets runner_type and mmddp_ext_cfg), drop it from '
+            "_base_ and set in your config: runner_type = 'ExtRunner' (or "
+            'a runner derived from ExtRunner), mmddp_ext_cfg = dict(...) '
+            "copied from that file, and 'mmddp_ext' in "
+            'custom_imports.imports. See "Opt-in" in README.md.') from error
 
 
 def build_cfg(args):
@@ -143,7 +162,8 @@ def run(build_cfg_fn, args, mode: str = 'train',
     ``prepare(runner)`` if given, then ``runner.train()`` or
     ``runner.test()`` (``mode``), and tear the process group down."""
     import mmddp_ext  # noqa: F401  (registers runner, hooks, wrappers)
-    from mmddp_ext.utils import check_config_annotations
+    from mmddp_ext.utils import (check_config_annotations,
+                                 check_config_class_counts)
     from mmddp_ext.utils.dist_env import check_launch_environment
     from mmdet.utils import setup_cache_size_limit_of_dynamo
     from mmengine.registry import RUNNERS
@@ -152,6 +172,7 @@ def run(build_cfg_fn, args, mode: str = 'train',
     cfg = build_cfg_fn(args)
     check_launch_environment(args.launcher)
     check_config_annotations(cfg, splits=splits)
+    check_config_class_counts(cfg, splits=splits)
     runner = RUNNERS.build(cfg)
     if prepare is not None:
         prepare(runner)

@@ -4,15 +4,27 @@
 #     _base_ = ['./my_config.py',
 #               'path/to/mmddp_ext/configs/_base_/mmddp_ext.py']
 #
-# It sets only keys that MMDet's own base files never set (MMEngine refuses
-# a key that two `_base_` files both set), and ExtRunner applies them:
-# - custom_imports registers mmddp_ext's components.
+# MMEngine refuses a key that two `_base_` files both set, so this file sets
+# only keys MMDet configs do not set (runner_type, mmddp_ext_cfg) and leaves
+# custom_imports, model_wrapper_cfg, find_unused_parameters and
+# custom_hooks to your config:
+# - mmddp_ext is imported (its components registered) while this file is
+#   read. It is an expression, not an `import` statement: MMEngine would
+#   read a file with import statements as a lazy-import config. MMEngine
+#   drops module-valued keys, so `_mmddp_ext_module` never reaches the
+#   config. ExtRunner adds 'mmddp_ext' to custom_imports (keeping yours)
+#   before it dumps the config to the work dir, so the dumped config also
+#   loads with MMDetection's own tools in a fresh interpreter.
 # - runner_type='ExtRunner': launcher='pytorch' on CPU (gloo) or GPU
 #   (nccl), a bounded collective timeout, checkpoints that load with
-#   torch.load(weights_only=True), launcher-conflict checks.
+#   torch.load(weights_only=True), launcher-conflict checks, and a
+#   class-count check (every num_classes against the dataset's classes)
+#   before anything is built. If one of your bases sets runner_type, see
+#   "Opt-in" in the README.
 # - mmddp_ext_cfg switches on the rest (see ExtRunner's docstring):
 #   auto_ddp            AutoDDP works out find_unused_parameters (used when
-#                       your config has no model_wrapper_cfg)
+#                       your config has no model_wrapper_cfg; a
+#                       find_unused_parameters key is its explicit choice)
 #   checkpoint_conflict CheckpointConflictHook policy for with_cp + DDP
 #   empty_gt_guard      empty_gt_guard_collate for train_dataloader (only
 #                       when it names no collate_fn; never val/test)
@@ -20,7 +32,7 @@
 #   rank_consistency    RankConsistencyHook: fail fast on diverging ranks,
 #                       coordinated skipping of non-finite steps
 # Set any of them to None/False in your config to switch it off.
-custom_imports = dict(imports=['mmddp_ext'], allow_failed_imports=False)
+_mmddp_ext_module = __import__('mmddp_ext')
 runner_type = 'ExtRunner'
 mmddp_ext_cfg = dict(
     auto_ddp=True,

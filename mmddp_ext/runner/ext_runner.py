@@ -1,4 +1,5 @@
 import copy
+import inspect
 from typing import Dict, List, Optional, Union
 
 import torch.distributed as dist
@@ -14,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..hooks.rank_status_hook import RankStatusHook, read_rank_status
 from ..hooks.safe_checkpoint_hook import SafeCheckpointHook
 from ..utils.checkpoint_safety import safe_checkpoint_loading
+from ..utils.class_count_check import check_class_counts
 from ..utils.dist_env import (check_launch_environment, init_distributed,
                               rank_device)
 
@@ -48,6 +50,13 @@ class ExtRunner(Runner):
       model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
       uses ``AutoDDP`` when no wrapper is configured and
       ``mmddp_ext_cfg.auto_ddp`` is on.
+    - ``__init__``: before anything is built, checks every ``num_classes``
+      in the model config against the classes of each dataloader's dataset
+      (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`).
+    - ``dump_config``: adds ``'mmddp_ext'`` to ``custom_imports`` (keeping
+      the config's own imports) before dumping, so that the dumped config
+      reloads in a fresh interpreter, e.g. with MMDetection's own
+      ``tools/test.py``, and finds ``runner_type='ExtRunner'``.
     - ``register_hooks``: adds :class:`SafeCheckpointHook` (checkpoints hold
       only tensors and plain types), :class:`RankStatusHook`, and the hooks
       that ``mmddp_ext_cfg`` switches on, unless the config lists them.
@@ -78,6 +87,7 @@ class ExtRunner(Runner):
     """
 
     def __init__(self, *args, **kwargs):
+        self._check_class_counts(*args, **kwargs)
         super().__init__(*args, **kwargs)
         guard = self.ext_cfg['empty_gt_guard']
         loader = self._train_dataloader
@@ -100,6 +110,42 @@ class ExtRunner(Runner):
                 f'mmddp_ext_cfg has unknown key(s) {unknown}; accepted keys '
                 f'are {sorted(EXT_CFG_DEFAULTS)}.')
         return dict(EXT_CFG_DEFAULTS, **given)
+
+    @staticmethod
+    def _check_class_counts(*args, **kwargs) -> None:
+        """Run the class-count check on ``Runner.__init__``'s ``model``
+        and dataloader arguments, whether given by position or name."""
+        given = inspect.signature(Runner.__init__).bind_partial(
+            None, *args, **kwargs).arguments
+        check_class_counts(
+            given.get('model'),
+            {
+                f'{split}_dataloader': given.get(f'{split}_dataloader')
+                for split in ('train', 'val', 'test')
+            },
+            scope=given.get('default_scope', 'mmengine'))
+
+    def dump_config(self) -> None:
+        self._import_mmddp_ext_in_cfg()
+        super().dump_config()
+
+    def _import_mmddp_ext_in_cfg(self) -> None:
+        """Add ``'mmddp_ext'`` to ``self.cfg.custom_imports``.
+
+        ``configs/_base_/mmddp_ext.py`` imports mmddp_ext through an
+        expression, which the dumped config does not keep, and it sets no
+        ``custom_imports`` itself because most configs with their own
+        modules set that key (MMEngine refuses a key set by two bases).
+        The user's imports and ``allow_failed_imports`` stay as they are.
+        """
+        custom_imports = dict(self.cfg.get('custom_imports') or {})
+        imports = custom_imports.get('imports', [])
+        imports = [imports] if isinstance(imports, str) else list(imports)
+        if 'mmddp_ext' not in imports:
+            imports.append('mmddp_ext')
+        custom_imports['imports'] = imports
+        custom_imports.setdefault('allow_failed_imports', False)
+        self.cfg.custom_imports = custom_imports
 
     def setup_env(self, env_cfg: Dict) -> None:
         if self.distributed and not is_distributed():
