@@ -341,6 +341,8 @@ optim_wrapper = dict(
 max_epochs = 12
 train_cfg = dict(
     type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
 param_scheduler = [
     dict(
         type='MultiStepLR',

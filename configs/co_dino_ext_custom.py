@@ -3,6 +3,11 @@
 #
 #   bash tools/dist_train.sh configs/co_dino_ext_custom.py 8
 #
+# Overriding EDIT 1 from the command line instead: --cfg-options sets keys
+# after this file is read, so `classes=...` alone changes nothing. Set
+# metainfo.classes of each dataloader's dataset and each head's num_classes
+# (the start-up class-count check names every key that disagrees).
+#
 # Images without boxes are kept (filter_empty_gt=False): the DDP-safe heads
 # train on them as background on any rank without hanging DDP.
 _base_ = ['./co_dino_ext.py']
@@ -22,11 +27,19 @@ load_from = None
 # EDIT 4: schedule (upstream's is 12 COCO epochs).
 max_epochs = 12
 
+# Every head follows `classes`. MMEngine merges dicts but replaces lists,
+# so the list-valued heads are copied from the base with only num_classes
+# changed (`_base_` is the merged base config here).
 num_classes = len(classes)
 model = dict(
     query_head=dict(num_classes=num_classes),
-    roi_head=[dict(bbox_head=dict(num_classes=num_classes))],
-    bbox_head=[dict(num_classes=num_classes)])
+    roi_head=[
+        dict(head, bbox_head=dict(head.bbox_head, num_classes=num_classes))
+        for head in _base_.model.roi_head
+    ],
+    bbox_head=[
+        dict(head, num_classes=num_classes) for head in _base_.model.bbox_head
+    ])
 metainfo = dict(classes=classes)
 train_dataloader = dict(
     dataset=dict(

@@ -162,8 +162,7 @@ def run(build_cfg_fn, args, mode: str = 'train',
     ``prepare(runner)`` if given, then ``runner.train()`` or
     ``runner.test()`` (``mode``), and tear the process group down."""
     import mmddp_ext  # noqa: F401  (registers runner, hooks, wrappers)
-    from mmddp_ext.utils import (check_config_annotations,
-                                 check_config_class_counts)
+    from mmddp_ext.utils import check_config_annotations
     from mmddp_ext.utils.dist_env import check_launch_environment
     from mmdet.utils import setup_cache_size_limit_of_dynamo
     from mmengine.registry import RUNNERS
@@ -172,7 +171,7 @@ def run(build_cfg_fn, args, mode: str = 'train',
     cfg = build_cfg_fn(args)
     check_launch_environment(args.launcher)
     check_config_annotations(cfg, splits=splits)
-    check_config_class_counts(cfg, splits=splits)
+    check_class_counts_unless_ext_runner(cfg, splits)
     runner = RUNNERS.build(cfg)
     if prepare is not None:
         prepare(runner)
@@ -183,6 +182,20 @@ def run(build_cfg_fn, args, mode: str = 'train',
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def check_class_counts_unless_ext_runner(cfg, splits) -> None:
+    """The class-count check for runners other than ExtRunner, which checks
+    at construction and, under a launcher, stops every rank together."""
+    from mmddp_ext import ExtRunner
+    from mmddp_ext.utils import check_config_class_counts
+    from mmengine.registry import RUNNERS
+    scope = cfg.get('default_scope')
+    with RUNNERS.switch_scope_and_registry(scope) as registry:
+        runner_type = registry.get(cfg.get('runner_type', 'Runner'))
+    if not (isinstance(runner_type, type)
+            and issubclass(runner_type, ExtRunner)):
+        check_config_class_counts(cfg, splits=splits)
 
 
 def main(argv=None):

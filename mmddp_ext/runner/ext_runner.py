@@ -5,7 +5,8 @@ from typing import Dict, List, Optional, Union
 import torch.distributed as dist
 import torch.nn as nn
 from mmengine.device import get_device
-from mmengine.dist import is_distributed
+from mmengine.dist import (all_gather_object, get_rank, get_world_size,
+                           is_distributed)
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS, MODEL_WRAPPERS, RUNNERS
@@ -52,7 +53,9 @@ class ExtRunner(Runner):
       ``mmddp_ext_cfg.auto_ddp`` is on.
     - ``__init__``: before anything is built, checks every ``num_classes``
       in the model config against the classes of each dataloader's dataset
-      (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`).
+      (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`);
+      under a launcher every rank raises the error together in
+      ``setup_env``, right after the process group is up.
     - ``dump_config``: adds ``'mmddp_ext'`` to ``custom_imports`` (keeping
       the config's own imports) before dumping, so that the dumped config
       reloads in a fresh interpreter, e.g. with MMDetection's own
@@ -111,19 +114,43 @@ class ExtRunner(Runner):
                 f'are {sorted(EXT_CFG_DEFAULTS)}.')
         return dict(EXT_CFG_DEFAULTS, **given)
 
-    @staticmethod
-    def _check_class_counts(*args, **kwargs) -> None:
-        """Run the class-count check on ``Runner.__init__``'s ``model``
-        and dataloader arguments, whether given by position or name."""
+    def _check_class_counts(self, *args, **kwargs) -> None:
+        """Run the class-count check on ``Runner.__init__``'s ``model`` and
+        dataloader arguments (by position or name) before anything is built.
+
+        Without a launcher the ``ValueError`` is raised here. Under a
+        launcher it is kept for :meth:`_raise_class_count_error_together`:
+        a rank that raised alone could be killed by torchrun before its
+        peers print the message, leaving their logs without the reason.
+        """
         given = inspect.signature(Runner.__init__).bind_partial(
             None, *args, **kwargs).arguments
-        check_class_counts(
-            given.get('model'),
-            {
-                f'{split}_dataloader': given.get(f'{split}_dataloader')
-                for split in ('train', 'val', 'test')
-            },
-            scope=given.get('default_scope', 'mmengine'))
+        self._class_count_error = None
+        try:
+            check_class_counts(
+                given.get('model'), {
+                    f'{split}_dataloader': given.get(f'{split}_dataloader')
+                    for split in ('train', 'val', 'test')
+                },
+                scope=given.get('default_scope', 'mmengine'))
+        except ValueError as error:
+            if given.get('launcher', 'none') == 'none':
+                raise
+            self._class_count_error = str(error)
+
+    def _raise_class_count_error_together(self) -> None:
+        """Raise the class-count error on every rank at once, once the
+        process group is up (every rank reads the same config, so they
+        normally all fail; a rank whose own check passed reports a peer's).
+        """
+        errors = [self._class_count_error]
+        if self.distributed:
+            errors = all_gather_object(self._class_count_error)
+        failed = [(rank, text) for rank, text in enumerate(errors) if text]
+        if failed:
+            rank, text = failed[0]
+            raise ValueError(f'rank {get_rank()} of {get_world_size()} '
+                             f'stops (rank {rank} found it): {text}')
 
     def dump_config(self) -> None:
         self._import_mmddp_ext_in_cfg()
@@ -154,6 +181,7 @@ class ExtRunner(Runner):
                              **copy.deepcopy(env_cfg.get('dist_cfg', {})))
         else:
             check_launch_environment(self.launcher)
+        self._raise_class_count_error_together()
         super().setup_env(env_cfg)
 
     def wrap_model(self, model_wrapper_cfg: Optional[Dict],

@@ -29,6 +29,22 @@ def _get_type(registry_root, type_name: Any, scope: Optional[str]):
             return None
 
 
+def _init_parameter(cls: Optional[type], name: str):
+    """The ``name`` parameter of the first ``__init__`` along ``cls``'s MRO
+    that declares it, or None."""
+    for klass in getattr(cls, '__mro__', ()):
+        init = klass.__dict__.get('__init__')
+        if init is None:
+            continue
+        try:
+            parameter = inspect.signature(init).parameters.get(name)
+        except (TypeError, ValueError):
+            continue
+        if parameter is not None:
+            return parameter
+    return None
+
+
 def is_class_agnostic(head_type: Optional[type]) -> bool:
     """Whether ``head_type`` predicts one class by design (RPN-style heads).
 
@@ -38,17 +54,16 @@ def is_class_agnostic(head_type: Optional[type]) -> bool:
     predict the dataset's classes take ``num_classes`` without a default or
     with a dataset-sized one.
     """
-    for klass in getattr(head_type, '__mro__', ()):
-        init = klass.__dict__.get('__init__')
-        if init is None:
-            continue
-        try:
-            parameter = inspect.signature(init).parameters.get('num_classes')
-        except (TypeError, ValueError):
-            continue
-        if parameter is not None:
-            return parameter.default == 1
-    return False
+    parameter = _init_parameter(head_type, 'num_classes')
+    return parameter is not None and parameter.default == 1
+
+
+def predicts_segmentation_maps(head_type: Optional[type]) -> bool:
+    """Whether ``head_type`` is a semantic-segmentation head (its
+    constructor takes ``loss_seg``): its classes are those of the
+    segmentation maps (HTC's 183 COCO-stuff classes), not the dataset's
+    instance classes."""
+    return _init_parameter(head_type, 'loss_seg') is not None
 
 
 def num_classes_keys(model: Any,
@@ -56,15 +71,17 @@ def num_classes_keys(model: Any,
                      prefix: str = 'model') -> List[Tuple[str, int]]:
     """``(config key, value)`` of every ``num_classes`` in the model config
     ``model``, in nested dicts and lists (``model.roi_head[0].bbox_head.
-    num_classes``), leaving out heads that are class-agnostic by design
-    (:func:`is_class_agnostic`)."""
+    num_classes``), leaving out heads whose classes are not the dataset's
+    instance classes (:func:`is_class_agnostic`,
+    :func:`predicts_segmentation_maps`)."""
     from mmengine.registry import MODELS
     found = []
     if isinstance(model, Mapping):
         value = model.get('num_classes')
         if isinstance(value, int) and not isinstance(value, bool):
             head_type = _get_type(MODELS, model.get('type'), scope)
-            if not is_class_agnostic(head_type):
+            if not (is_class_agnostic(head_type)
+                    or predicts_segmentation_maps(head_type)):
                 found.append((f'{prefix}.num_classes', value))
         for key, child in model.items():
             found += num_classes_keys(child, scope, f'{prefix}.{key}')
@@ -74,9 +91,38 @@ def num_classes_keys(model: Any,
     return found
 
 
+def _not_comparable(model_type: Optional[type]) -> Optional[str]:
+    """Why the heads of ``model_type`` do not predict a fixed set of
+    dataset classes, or None when they do (or the type is unknown)."""
+    from mmdet.models.detectors import BaseDetector
+    if model_type is None:
+        return None
+    if not issubclass(model_type, BaseDetector):
+        return (f'{model_type.__name__} is not a detector (mmdet '
+                'BaseDetector); e.g. a tracker filters its dataset\'s '
+                'categories itself')
+    if _init_parameter(model_type, 'language_model') is not None:
+        return (f'{model_type.__name__} takes a language_model: it '
+                'classifies by text prompts, not a fixed class list')
+    return None
+
+
+def _forced_single_class_keys(model_type: Optional[type]) -> Tuple[str, ...]:
+    """Keys the detector itself sets to one class: TwoStageDetector (and
+    every subclass) overrides ``rpn_head.num_classes`` with 1, whatever
+    head type sits there (``FCOSHead`` as RPN, for example)."""
+    from mmdet.models.detectors import TwoStageDetector
+    if model_type is not None and issubclass(model_type, TwoStageDetector):
+        return ('model.rpn_head.num_classes', )
+    return ()
+
+
 def _classes_from_metainfo(metainfo: Any) -> Optional[Tuple[str, ...]]:
-    classes = metainfo.get('classes') if isinstance(metainfo,
-                                                    Mapping) else None
+    """The instance classes of ``metainfo``: ``thing_classes`` where the
+    dataset also has stuff classes (panoptic), else ``classes``."""
+    if not isinstance(metainfo, Mapping):
+        return None
+    classes = metainfo.get('thing_classes', metainfo.get('classes'))
     if isinstance(classes, str):
         # BaseDataset reads a string as a file with one class per line.
         try:
@@ -139,7 +185,18 @@ def check_class_counts(model: Any,
             (``default_scope``) for looking up dataset and head types.
             Defaults to None (the current default scope).
     """
-    heads = num_classes_keys(model, scope)
+    from mmengine.logging import print_log
+    from mmengine.registry import MODELS
+    if not isinstance(model, Mapping):
+        return
+    model_type = _get_type(MODELS, model.get('type'), scope)
+    reason = _not_comparable(model_type)
+    if reason is not None:
+        print_log(f'Class-count check skipped: {reason}.', logger='current')
+        return
+    forced = _forced_single_class_keys(model_type)
+    heads = [(key, value) for key, value in num_classes_keys(model, scope)
+             if key not in forced]
     if not heads:
         return
     by_count: Dict[int, List[str]] = {}
