@@ -2,7 +2,9 @@
 
 Objects are filled squares, discs and triangles, one colour per class, on
 a noisy background, so a tiny detector can learn them in a few hundred
-iterations. Which images have no boxes is set by ``empty``:
+iterations. Each annotation has its box and the shape's outline as a
+polygon ``segmentation`` (for instance-segmentation models; later shapes
+may cover earlier ones, which the polygons ignore). Which images have no boxes is set by ``empty``:
 
 - ``'none'``: every image has 1..``max_boxes`` boxes.
 - ``'all'``: no image has a box.
@@ -48,17 +50,32 @@ def empty_mask(num_images: int, empty: Union[str, float],
         f'[0, 1], but got {empty!r}')
 
 
-def _draw(image: np.ndarray, shape: str, colour, box) -> None:
+def _outline(shape: str, box) -> np.ndarray:
+    """The shape's outline as an (N, 2) int32 polygon inside ``box``."""
     x0, y0, w, h = (int(v) for v in box)
+    if shape == 'square':
+        return np.array([[x0, y0], [x0 + w - 1, y0], [x0 + w - 1, y0 + h - 1],
+                         [x0, y0 + h - 1]], np.int32)
+    if shape == 'disc':
+        return cv2.ellipse2Poly((x0 + w // 2, y0 + h // 2),
+                                (w // 2, h // 2), 0, 0, 360, 15)
+    return np.array([[x0 + w // 2, y0], [x0, y0 + h - 1],
+                     [x0 + w - 1, y0 + h - 1]], np.int32)
+
+
+def _draw(image: np.ndarray, shape: str, colour, box) -> list:
+    """Draw ``shape`` filling ``box``; return its COCO polygon
+    (``[[x1, y1, x2, y2, ...]]``)."""
+    x0, y0, w, h = (int(v) for v in box)
+    outline = _outline(shape, box)
     if shape == 'square':
         cv2.rectangle(image, (x0, y0), (x0 + w - 1, y0 + h - 1), colour, -1)
     elif shape == 'disc':
         cv2.ellipse(image, (x0 + w // 2, y0 + h // 2), (w // 2, h // 2), 0,
                     0, 360, colour, -1)
     else:
-        points = np.array([[x0 + w // 2, y0], [x0, y0 + h - 1],
-                           [x0 + w - 1, y0 + h - 1]], np.int32)
-        cv2.fillPoly(image, [points], colour)
+        cv2.fillPoly(image, [outline], colour)
+    return [[float(v) for v in outline.reshape(-1)]]
 
 
 def make_synthetic_coco(out_dir: str,
@@ -107,8 +124,8 @@ def make_synthetic_coco(out_dir: str,
             label = int(rng.integers(len(classes)))
             side = int(rng.integers(image_size // 6, image_size // 2.5))
             x0, y0 = (int(v) for v in rng.integers(0, image_size - side, 2))
-            _draw(image, CLASS_SHAPES[label % 3], CLASS_COLOURS[label % 6],
-                  (x0, y0, side, side))
+            polygon = _draw(image, CLASS_SHAPES[label % 3],
+                            CLASS_COLOURS[label % 6], (x0, y0, side, side))
             annotations.append(
                 dict(
                     id=len(annotations) + 1,
@@ -116,6 +133,7 @@ def make_synthetic_coco(out_dir: str,
                     category_id=label + 1,
                     bbox=[x0, y0, side, side],
                     area=float(side * side),
+                    segmentation=polygon,
                     iscrowd=0))
         cv2.imwrite(osp.join(out_dir, 'images', file_name), image)
         images.append(

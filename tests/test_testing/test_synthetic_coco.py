@@ -46,3 +46,27 @@ def test_same_seed_same_dataset(tmp_path):
 def test_bad_empty_pattern_is_refused(tmp_path):
     with pytest.raises(ValueError, match="empty must be"):
         make_synthetic_coco(str(tmp_path), empty='sometimes')
+
+
+def test_polygons_outline_each_shape_inside_its_box(tmp_path):
+    from pycocotools import mask as mask_utils
+    make_synthetic_coco(str(tmp_path), num_images=8, empty='none',
+                        classes=('square', 'disc', 'triangle'))
+    data, _ = _boxes_per_image(str(tmp_path))
+    areas = {}
+    for ann in data['annotations']:
+        x0, y0, w, h = ann['bbox']
+        (polygon, ) = ann['segmentation']
+        xs, ys = polygon[0::2], polygon[1::2]
+        assert len(xs) >= 3
+        # Pixel coordinates; cv2 draws a disc of even width 1 px wider.
+        assert x0 <= min(xs) and max(xs) <= x0 + w
+        assert y0 <= min(ys) and max(ys) <= y0 + h
+        rle = mask_utils.frPyObjects([polygon], 96, 96)
+        shape = ann['category_id']
+        areas.setdefault(shape, []).append(
+            float(mask_utils.area(rle).sum()) / (w * h))
+    # Filled fractions of the box: square ~1, disc ~pi/4, triangle ~1/2.
+    assert min(areas[1]) > 0.85
+    assert 0.65 < min(areas[2]) and max(areas[2]) < 0.9
+    assert 0.35 < min(areas[3]) and max(areas[3]) < 0.6

@@ -1,0 +1,130 @@
+"""The model-zoo matrix: configs from MMDetection's installed model zoo
+(``mmdet::...``), each with the opt-in recipe added to its ``_base_`` and
+shrunk for a 2-core CPU through overrides only. README.md ("Model-zoo
+matrix") lists the same table."""
+import os.path as osp
+from typing import Dict, List, NamedTuple
+
+from ..helpers import REPO_ROOT
+
+RECIPE = osp.join(REPO_ROOT, 'configs', '_base_', 'mmddp_ext.py')
+CODETR_STYLE = osp.join(
+    osp.dirname(osp.abspath(__file__)), 'configs',
+    'co_dino_r18_codetr_style.py')
+CLASSES = ('square', 'disc')
+IMAGE_SIZE = 64
+# Two ranks, one image per batch, one epoch: 2 iterations per rank. With
+# an unshuffled sampler rank r reads images r, r + 2: rank 1 reads only
+# the empty odd-indexed ones (make_synthetic_coco(empty='odd')).
+WORLD_SIZE = 2
+NUM_IMAGES = 4
+ITERS = NUM_IMAGES // WORLD_SIZE
+
+# ResNet-18 from scratch (no pretrained download) for the zoo's ResNet-50.
+R18 = dict(depth=18, init_cfg=None)
+R18_FPN = dict(in_channels=[64, 128, 256, 512])
+R18_LAST3 = dict(in_channels=[128, 256, 512])
+HEAD = dict(num_classes=len(CLASSES))
+
+
+class ZooCase(NamedTuple):
+    """One row of the matrix.
+
+    Args:
+        name (str): Test id and README row.
+        config (str): The config, ``mmdet::`` path or file.
+        model (dict): Overrides merged into ``model`` (shrinking only).
+        with_mask (bool): Load instance masks (Mask R-CNN).
+    """
+    name: str
+    config: str
+    model: Dict
+    with_mask: bool = False
+
+
+def _detr(queries: int, neck: Dict, **more) -> Dict:
+    """DETR-family shrink: ResNet-18, one encoder and one decoder layer,
+    ``queries`` queries."""
+    return dict(
+        backbone=R18,
+        neck=neck,
+        num_queries=queries,
+        encoder=dict(num_layers=1),
+        decoder=dict(num_layers=1),
+        bbox_head=HEAD,
+        **more)
+
+
+CASES: List[ZooCase] = [
+    ZooCase('dino', 'mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py',
+            _detr(20, R18_LAST3,
+                  dn_cfg=dict(group_cfg=dict(num_dn_queries=10)))),
+    ZooCase('deformable_detr',
+            'mmdet::deformable_detr/deformable-detr_r50_16xb2-50e_coco.py',
+            _detr(20, R18_LAST3)),
+    ZooCase('conditional_detr',
+            'mmdet::conditional_detr/conditional-detr_r50_8xb2-50e_coco.py',
+            _detr(20, dict(in_channels=[512]))),
+    ZooCase('faster_rcnn', 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py',
+            dict(backbone=R18, neck=R18_FPN,
+                 roi_head=dict(bbox_head=HEAD))),
+    # ResNeXt's smallest depth is 50; with_cp checkpoints every block.
+    ZooCase('retinanet_x101_with_cp',
+            'mmdet::retinanet/retinanet_x101-64x4d_fpn_1x_coco.py',
+            dict(backbone=dict(depth=50, with_cp=True, init_cfg=None),
+                 bbox_head=HEAD)),
+    ZooCase('mask_rcnn', 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+            dict(backbone=R18, neck=R18_FPN,
+                 roi_head=dict(bbox_head=HEAD, mask_head=HEAD)),
+            with_mask=True),
+    ZooCase('atss', 'mmdet::atss/atss_r50_fpn_1x_coco.py',
+            dict(backbone=R18, neck=R18_FPN, bbox_head=HEAD)),
+    # Its base sets custom_imports, as upstream CO-DETR's configs do; the
+    # model is CPU-sized already.
+    ZooCase('co_dino_codetr_style', CODETR_STYLE, dict()),
+]
+
+
+def _pipeline(with_mask: bool) -> List[Dict]:
+    return [
+        dict(type='LoadImageFromFile'),
+        dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
+        dict(type='Resize', scale=(IMAGE_SIZE, IMAGE_SIZE), keep_ratio=True),
+        dict(type='PackDetInputs'),
+    ]
+
+
+def leaf_config(case: ZooCase, data_root: str, extra: Dict = ()) -> str:
+    """Text of a config that adds the recipe to ``case.config`` and shrinks
+    it: the synthetic data (unshuffled, no workers, no validation), one
+    epoch of ``ITERS`` iterations logged every iteration, no checkpoint,
+    and ``case.model``. ``extra`` adds top-level keys."""
+    keys = dict(
+        model=case.model,
+        train_dataloader=dict(
+            batch_size=1,
+            num_workers=0,
+            persistent_workers=False,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            dataset=dict(
+                type='CocoDataset',
+                data_root=data_root,
+                ann_file='annotations.json',
+                data_prefix=dict(img='images/'),
+                metainfo=dict(classes=CLASSES),
+                filter_cfg=dict(filter_empty_gt=False, min_size=1),
+                pipeline=_pipeline(case.with_mask))),
+        train_cfg=dict(max_epochs=1),
+        val_dataloader=None,
+        val_cfg=None,
+        val_evaluator=None,
+        test_dataloader=None,
+        test_cfg=None,
+        test_evaluator=None,
+        default_hooks=dict(logger=dict(interval=1), checkpoint=None),
+        randomness=dict(seed=0),
+    )
+    keys.update(extra)
+    lines = [f'_base_ = {[case.config, RECIPE]!r}']
+    lines += [f'{key} = {value!r}' for key, value in keys.items()]
+    return '\n'.join(lines) + '\n'
