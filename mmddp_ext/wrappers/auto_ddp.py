@@ -140,6 +140,8 @@ class AutoDDP(MMDistributedDataParallel):
             not on a CUDA device (DDP refuses them there).
     """
 
+    woke_log_every = WOKE_LOG_EVERY
+
     def __init__(self,
                  module: nn.Module,
                  find_unused_parameters: Optional[bool] = None,
@@ -515,13 +517,14 @@ class AutoDDP(MMDistributedDataParallel):
 
     def _log_woke(self, names: List[str]) -> None:
         self._woke_events += 1
-        if self._woke_events != 1 and self._woke_events % WOKE_LOG_EVERY:
+        every = self.woke_log_every
+        if self._woke_events != 1 and self._woke_events % every:
             return
         print_log(
             'AutoDDP: parameters left out of DDP received gradients and '
             'were averaged across ranks: '
             f'{group_param_names(names)} ({self._woke_events} iteration(s) '
-            f'so far; logged again every {WOKE_LOG_EVERY} such '
+            f'so far; logged again every {every} such '
             'iterations).',
             logger='current',
             level=logging.WARNING)

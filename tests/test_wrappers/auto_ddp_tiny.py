@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Type
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from mmengine.logging import MMLogger
+from mmengine.logging import MessageHub, MMLogger
 from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper
 
@@ -87,6 +87,8 @@ def train_tiny(pattern: str,
     """
     from mmddp_ext.wrappers import AutoDDP
     wrapper_cls = wrapper_cls or AutoDDP
+    # A hub of its own, as a Runner has: the decision is kept there.
+    MessageHub.get_instance(f'train_tiny_{time.monotonic()}')
     torch.manual_seed(0)
     model = TinyModel(pattern)
     ddp = wrapper_cls(
