@@ -1,5 +1,4 @@
 """Fail fast on diverging DDP ranks; skip non-finite steps together."""
-import datetime
 import logging
 import zlib
 from collections import Counter
@@ -13,8 +12,10 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
 from mmengine.registry import HOOKS
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..datasets.empty_gt_guard_collate import num_gt_instances
+from ..utils.side_channel import SideChannel
 
 # The fingerprint of a checked iteration, in the order of its tensor. The
 # ranks must agree on every field but ``gt_boxes``, which only explains a
@@ -161,17 +162,6 @@ def describe_divergence(details: List[dict]) -> str:
             '\n- '.join(lines))
 
 
-def _default_group_timeout() -> Optional[datetime.timedelta]:
-    """The default process group's collective timeout, if torch shows it."""
-    group = dist.distributed_c10d._get_default_group()
-    for device in ('cpu', 'cuda'):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (AttributeError, RuntimeError, ValueError):
-            continue
-    return None
-
-
 def _collective_count(group) -> int:
     """How many collectives this rank has issued on ``group``."""
     try:
@@ -218,9 +208,11 @@ class RankConsistencyHook(Hook):
     all-gathered before the backward; if any field but the GT count
     differs, the ranks gather their loss keys and every rank raises
     :class:`RankDivergenceError` with the same message, e.g. "rank 1 has
-    extra loss key(s) loss_aux ...". The check runs on a gloo group of its
-    own (created at ``before_train`` with the default group's timeout;
-    gloo must be usable, as it is wherever torch runs), so it never pairs
+    extra loss key(s) loss_aux ...". The check runs on a side channel
+    (:class:`~mmddp_ext.utils.side_channel.SideChannel`: a gloo group of
+    its own, created at ``before_train`` with the default group's timeout,
+    or, where gloo cannot connect across nodes, the default group's store,
+    with one warning naming ``GLOO_SOCKET_IFNAME``), so it never pairs
     with a collective of the model: a rank whose forward launched an extra
     NCCL collective still reaches the check, and the difference is
     reported instead of a hang. (With gloo a collective
@@ -243,7 +235,10 @@ class RankConsistencyHook(Hook):
     losses (they would show ``nan`` for a whole smoothing window). After
     ``max_consecutive_skips`` skipped steps in a row every rank raises
     :class:`NonFiniteLossError`. Buffers updated in the forward (BatchNorm
-    running statistics) are not restored by a skip. With gradient
+    running statistics, NaN after a NaN input) are restored on the
+    offending ranks from the lowest healthy rank by one broadcast per
+    buffer dtype (skips are rare), so validation, checkpoints and EMA
+    never see them. With gradient
     accumulation, a non-finite loss in any accumulated iteration skips the
     step. Skipping needs a single ``OptimWrapper``; with an
     ``OptimWrapperDict`` only the consistency checks run.
@@ -307,7 +302,7 @@ class RankConsistencyHook(Hook):
         self._check_now = False
         self._batch: Any = None
         self._collectives_at_start = UNKNOWN
-        self._side_group = None
+        self._side: Optional[SideChannel] = None
         self._world_size = 1
         self._rank = 0
         self._comm_device = torch.device('cpu')
@@ -333,14 +328,14 @@ class RankConsistencyHook(Hook):
             self._rank = dist.get_rank()
         if self._world_size > 1:
             self._comm_device = get_comm_device()
-            self._side_group = dist.new_group(
-                backend='gloo', timeout=_default_group_timeout())
+            self._side = SideChannel.open('RankConsistencyHook')
         self._patch(model, 'parse_losses', self._checked_parse_losses)
         if self.skip_nonfinite:
             self._guard_steps(runner)
         checks = (f'comparing {self._world_size} ranks in the first '
                   f'{self.check_first} iterations and every '
-                  f'{self.check_every} iterations after' if self._side_group
+                  f'{self.check_every} iterations after, over the '
+                  f'{self._side.kind}' if self._side
                   is not None else 'a single process: nothing to compare')
         skips = (f'; a non-finite loss skips the step on every rank '
                  f'(training stops after {self.max_consecutive_skips} in a '
@@ -359,7 +354,7 @@ class RankConsistencyHook(Hook):
         self._in_train_iter = True
         if self._check_now:
             self._batch = data_batch
-            if self._side_group is not None:
+            if self._side is not None:
                 self._collectives_at_start = _collective_count(
                     dist.distributed_c10d._get_default_group())
 
@@ -428,7 +423,7 @@ class RankConsistencyHook(Hook):
         if not self._in_train_iter:
             return parsed_loss, log_vars
         self._saw_losses = True
-        if self._check_now and self._side_group is not None:
+        if self._check_now and self._side is not None:
             self._check_fingerprints(losses)
         if self.skip_nonfinite:
             self._reduce_nonfinite_flags(parsed_loss)
@@ -469,16 +464,13 @@ class RankConsistencyHook(Hook):
         :class:`RankDivergenceError` on every rank."""
         self.checks += 1
         local = self._fingerprint(losses)
-        row = torch.tensor([local[f] for f in FINGERPRINT_FIELDS],
-                           dtype=torch.int64)
-        rows = [torch.empty_like(row) for _ in range(self._world_size)]
-        dist.all_gather(rows, row, group=self._side_group)
-        compared = torch.stack(rows)[:, :len(COMPARED_FIELDS)]
+        rows = self._side.all_gather_ints(
+            [local[f] for f in FINGERPRINT_FIELDS])
+        compared = torch.tensor(rows)[:, :len(COMPARED_FIELDS)]
         if bool((compared == compared[0]).all()):
             return
-        local = dict(local, loss_keys=sorted(losses))
-        details: List[Optional[dict]] = [None] * self._world_size
-        dist.all_gather_object(details, local, group=self._side_group)
+        details = self._side.all_gather_object(
+            dict(local, loss_keys=sorted(losses)))
         raise RankDivergenceError(describe_divergence(details))
 
     # ----------------------------------------------------------- non-finite
@@ -514,12 +506,12 @@ class RankConsistencyHook(Hook):
             local_keys = local_keys - {'loss'}  # the total; terms are named
         names = sorted(local_keys)
         per_rank: List[Any] = [names]
-        if self._side_group is not None:
-            per_rank = [None] * self._world_size
-            dist.all_gather_object(per_rank, names, group=self._side_group)
+        if self._side is not None:
+            per_rank = self._side.all_gather_object(names)
         where = '; '.join(f'rank {r}: {_keys(per_rank[r]) or "loss"}'
                           for r in bad_ranks)
         self._message_hub.update_scalar(SKIPS_SCALAR, self.total_skips)
+        restored = self._restore_buffers(bad_ranks)
         if self.consecutive_skips >= self.max_consecutive_skips:
             raise NonFiniteLossError(
                 f'RankConsistencyHook: {self.consecutive_skips} optimizer '
@@ -535,9 +527,41 @@ class RankConsistencyHook(Hook):
             f'{self._iteration} ({where}); skipped this optimizer step on '
             f'every rank ({self.consecutive_skips} in a row, '
             f'{self.total_skips} in total; training stops after '
-            f'{self.max_consecutive_skips} in a row).',
+            f'{self.max_consecutive_skips} in a row){restored}.',
             logger='current',
             level=logging.WARNING)
+
+    def _restore_buffers(self, bad_ranks: List[int]) -> str:
+        """Copy the model's buffers from the lowest healthy rank to the
+        offending ones (their forward may have left BatchNorm running
+        statistics NaN; with ``broadcast_buffers=False`` nothing else would
+        repair them). Every rank takes part in the broadcast, which runs on
+        the default group: the backward has finished on every rank.
+
+        Returns:
+            str: What was done, for the log line.
+        """
+        buffers = [b for b in self._model.buffers() if b.numel()]
+        if self._world_size == 1 or not buffers:
+            return ''
+        healthy = [r for r in range(self._world_size) if r not in bad_ranks]
+        if not healthy:
+            return ('; every rank was non-finite, so buffers such as '
+                    'BatchNorm running statistics may stay non-finite')
+        source = healthy[0]
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for buffer in buffers:
+            by_dtype.setdefault(buffer.dtype, []).append(buffer)
+        with torch.no_grad():
+            for group in by_dtype.values():
+                flat = _flatten_dense_tensors(group)
+                dist.broadcast(flat, src=source)
+                if self._rank in bad_ranks:
+                    for buffer, synced in zip(
+                            group, _unflatten_dense_tensors(flat, group)):
+                        buffer.copy_(synced)
+        return (f'; buffers of {_ranks(bad_ranks)} restored from rank '
+                f'{source}')
 
 
 def _nonfinite_keys(log_vars: List[dict]) -> Set[str]:
