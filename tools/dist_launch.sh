@@ -7,7 +7,9 @@
 #   bash tools/dist_launch.sh SCRIPT CONFIG NPROC [SCRIPT args...]
 #
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-# PORT (29500), PYTHON (python3).
+# PORT (29500), PYTHON (python3), MAX_RESTARTS (0): how many times torchrun
+# restarts every rank after one fails or is killed (--max-restarts);
+# train.py then resumes from the latest checkpoint in the work dir.
 set -euo pipefail
 
 SCRIPT="${1:?dist_launch.sh: SCRIPT (train.py or test.py) is required}"
@@ -33,6 +35,12 @@ NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
 PORT="${PORT:-29500}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then
+    echo "$NAME: MAX_RESTARTS must be a non-negative integer (restarts" \
+         "after a failed rank), got '$MAX_RESTARTS'." >&2
+    exit 2
+fi
 for var in NNODES PORT; do
     if ! [[ "${!var}" =~ ^[1-9][0-9]*$ ]]; then
         echo "$NAME: $var must be a positive integer, got '${!var}'." >&2
@@ -57,6 +65,7 @@ exec "${PYTHON:-python3}" -m torch.distributed.run \
     --master_addr="$MASTER_ADDR" \
     --nproc_per_node="$NPROC" \
     --master_port="$PORT" \
+    --max-restarts="$MAX_RESTARTS" \
     "$ROOT/tools/$SCRIPT" \
     "$CONFIG" \
     --launcher pytorch "${@:3}"

@@ -190,8 +190,7 @@ class AutoDDP(MMDistributedDataParallel):
         self._used_now: Set[int] = set()
         used = self._used_now
         for _, param in self._trainable():
-            param.register_post_accumulate_grad_hook(
-                lambda p: used.add(id(p)))
+            param.register_post_accumulate_grad_hook(lambda p: used.add(id(p)))
 
     # ------------------------------------------------------------------ api
     def forward(self, *inputs, **kwargs):
@@ -456,10 +455,9 @@ class AutoDDP(MMDistributedDataParallel):
         missing = [n for (n, _), u in zip(self._checked, used) if not u]
         if self._observe_first_step:
             trainable = self._trainable()
+            used_all = self._used_in_backward(trainable)
             self._local_unused = [
-                n for (n, _), u in zip(trainable,
-                                       self._used_in_backward(trainable))
-                if not u
+                n for (n, _), u in zip(trainable, used_all) if not u
             ]
             if self._user_flag:
                 return
@@ -476,8 +474,8 @@ class AutoDDP(MMDistributedDataParallel):
             self._average_grads([p for _, p in woke])
             self._log_woke([n for n, _ in woke])
 
-    def _unused_error(self, reports: List[List[str]]
-                      ) -> UnexpectedUnusedParameterError:
+    def _unused_error(
+            self, reports: List[List[str]]) -> UnexpectedUnusedParameterError:
         """The same error on every rank, from every rank's unused list
         (``reports[r]``; one entry without a side channel)."""
         if len(reports) == 1:
@@ -540,8 +538,9 @@ class AutoDDP(MMDistributedDataParallel):
                               dtype=torch.int32,
                               device=device)
         dist.all_reduce(unused)
-        unused_names = [n for (n, _), c in zip(trainable, unused.tolist())
-                        if c]
+        unused_names = [
+            n for (n, _), c in zip(trainable, unused.tolist()) if c
+        ]
         if self._user_flag and not unused_names:
             print_log(
                 'AutoDDP: find_unused_parameters=True was set, but every '

@@ -76,8 +76,9 @@ def _scenarios():
 
 
 def _finite(state):
-    return bool(torch.isfinite(state['mean']).all()
-                and torch.isfinite(state['var']).all())
+    return bool(
+        torch.isfinite(state['mean']).all()
+        and torch.isfinite(state['var']).all())
 
 
 def test_skip_restores_buffers_on_the_offending_rank():

@@ -91,8 +91,7 @@ def train_tiny(pattern: str,
     MessageHub.get_instance(f'train_tiny_{time.monotonic()}')
     torch.manual_seed(0)
     model = TinyModel(pattern)
-    ddp = wrapper_cls(
-        model, broadcast_buffers=False, **(wrapper_kwargs or {}))
+    ddp = wrapper_cls(model, broadcast_buffers=False, **(wrapper_kwargs or {}))
     hook_calls = []
     ddp.register_forward_pre_hook(lambda *args: hook_calls.append(1))
     optim_wrapper = OptimWrapper(

@@ -26,8 +26,8 @@ class UsageFromAccumulatedGrads(ProbeCountsAnyMicroStep):
 def _scenarios():
     # 'extra' is used in the no_sync micro-steps only.
     return [
-        train_tiny('nosync_micro_steps', 6, wrapper_cls=cls,
-                   accumulative_counts=2)
+        train_tiny(
+            'nosync_micro_steps', 6, wrapper_cls=cls, accumulative_counts=2)
         for cls in (AutoDDP, ProbeCountsAnyMicroStep,
                     UsageFromAccumulatedGrads)
     ]

@@ -33,8 +33,8 @@ def _train_in_own_group(wrapper_cls=None):
 def test_every_rank_raises_the_same_error_at_once():
     # Every rank returns its own outcome (the function never raises), so
     # run_on_ranks never kills a peer: each error was raised by that rank.
-    results = run_on_ranks(_train_in_own_group, 2, init_group=False,
-                           timeout=60)
+    results = run_on_ranks(
+        _train_in_own_group, 2, init_group=False, timeout=60)
     for result in results:
         assert result['decision']['mode'] == 'static'
         assert result['iters_done'] == 2
@@ -50,8 +50,12 @@ def test_every_rank_raises_the_same_error_at_once():
 def test_without_the_side_channel_the_healthy_rank_waits_for_the_timeout():
     """Negative control: only rank 1 stops; rank 0 waits in DDP's
     finalisation for rank 1's gradient until the collective timeout."""
-    results = run_on_ranks(_train_in_own_group, 2, args=(LocalCheckOnly, ),
-                           init_group=False, timeout=60)
+    results = run_on_ranks(
+        _train_in_own_group,
+        2,
+        args=(LocalCheckOnly, ),
+        init_group=False,
+        timeout=60)
     healthy, failing = results
     assert failing['error'].startswith(
         'UnexpectedUnusedParameterError: AutoDDP (rank 1)')
