@@ -59,13 +59,22 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # the machine's cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
+RENDEZVOUS=(--node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR"
+            --master_port="$PORT")
+if [ "$MAX_RESTARTS" -gt 0 ]; then
+    # Restarted ranks need a fresh store per attempt: the static rendezvous
+    # and the c10d one's shared store keep the first attempt's keys, and
+    # the new ranks' process group would connect to the dead ones. The
+    # c10d rendezvous without store sharing gives every round its own.
+    RENDEZVOUS=(--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$PORT"
+                --max-restarts="$MAX_RESTARTS")
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+fi
+
 exec "${PYTHON:-python3}" -m torch.distributed.run \
     --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
     --nproc_per_node="$NPROC" \
-    --master_port="$PORT" \
-    --max-restarts="$MAX_RESTARTS" \
+    "${RENDEZVOUS[@]}" \
     "$ROOT/tools/$SCRIPT" \
     "$CONFIG" \
     --launcher pytorch "${@:3}"
