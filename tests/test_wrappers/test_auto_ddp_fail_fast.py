@@ -10,7 +10,7 @@ from .auto_ddp_tiny import train_tiny
 
 # The collective timeout of these runs: a rank that waits for a peer
 # instead of raising shows up as a timeout after this long.
-GROUP_TIMEOUT_S = 15
+GROUP_TIMEOUT_S = 10
 
 
 class LocalCheckOnly(AutoDDP):
