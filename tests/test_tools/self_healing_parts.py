@@ -70,16 +70,3 @@ class SIGKILLRankOnce(Hook):
         if (_first_attempt() and runner.rank == self.rank
                 and runner.iter + 1 == self.at_iter):
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-@HOOKS.register_module()
-class ForgetAutoDDPDecision(Hook):
-    """Negative control (when ``enabled``): drop AutoDDP's decision from
-    every checkpoint loaded, as if checkpoints did not carry it."""
-
-    def __init__(self, enabled: bool = False):
-        self.enabled = enabled
-
-    def after_load_checkpoint(self, runner, checkpoint):
-        if self.enabled:
-            checkpoint['message_hub']['runtime_info'].pop('autoddp', None)

@@ -16,10 +16,7 @@ default_hooks = dict(
     logger=dict(type='LoggerHook', interval=1),
     checkpoint=dict(
         type='CheckpointHook', by_epoch=False, interval=1, max_keep_ckpts=-1))
-custom_hooks = [
-    dict(type='SIGKILLRankOnce', rank=1, at_iter=0),
-    dict(type='ForgetAutoDDPDecision', enabled=False),
-]
+custom_hooks = [dict(type='SIGKILLRankOnce', rank=1, at_iter=0)]
 log_processor = dict(by_epoch=False)
 env_cfg = dict(dist_cfg=dict(backend='gloo', timeout=60))
 mmddp_ext_cfg = dict(auto_ddp=True)
