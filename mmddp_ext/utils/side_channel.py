@@ -36,8 +36,7 @@ def default_group_timeout() -> Optional[datetime.timedelta]:
 
 
 def _new_gloo_group():
-    """Hook point for tests: ``dist.new_group`` with gloo and the default
-    group's timeout."""
+    """A gloo group of every rank, with the default group's timeout."""
     return dist.new_group(backend='gloo', timeout=default_group_timeout())
 
 
