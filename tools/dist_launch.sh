@@ -7,7 +7,9 @@
 #   bash tools/dist_launch.sh SCRIPT CONFIG NPROC [SCRIPT args...]
 #
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-# PORT (29500), PYTHON (python3).
+# PORT (29500), PYTHON (python3), MAX_RESTARTS (0): how many times torchrun
+# restarts every rank after one fails or is killed (--max-restarts);
+# train.py then resumes from the latest checkpoint in the work dir.
 set -euo pipefail
 
 SCRIPT="${1:?dist_launch.sh: SCRIPT (train.py or test.py) is required}"
@@ -33,6 +35,12 @@ NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
 PORT="${PORT:-29500}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then
+    echo "$NAME: MAX_RESTARTS must be a non-negative integer (restarts" \
+         "after a failed rank), got '$MAX_RESTARTS'." >&2
+    exit 2
+fi
 for var in NNODES PORT; do
     if ! [[ "${!var}" =~ ^[1-9][0-9]*$ ]]; then
         echo "$NAME: $var must be a positive integer, got '${!var}'." >&2
@@ -51,12 +59,22 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # the machine's cores.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
+RENDEZVOUS=(--node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR"
+            --master_port="$PORT")
+if [ "$MAX_RESTARTS" -gt 0 ]; then
+    # Restarted ranks need a fresh store per attempt: the static rendezvous
+    # and the c10d one's shared store keep the first attempt's keys, and
+    # the new ranks' process group would connect to the dead ones. The
+    # c10d rendezvous without store sharing gives every round its own.
+    RENDEZVOUS=(--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$PORT"
+                --max-restarts="$MAX_RESTARTS")
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+fi
+
 exec "${PYTHON:-python3}" -m torch.distributed.run \
     --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
     --nproc_per_node="$NPROC" \
-    --master_port="$PORT" \
+    "${RENDEZVOUS[@]}" \
     "$ROOT/tools/$SCRIPT" \
     "$CONFIG" \
     --launcher pytorch "${@:3}"

@@ -142,6 +142,7 @@ def build_cfg(args):
             raise ValueError('--auto-scale-lr needs auto_scale_lr with '
                              '"enable" and "base_batch_size" in the config.')
 
+    resume_after_restart(args, cfg)
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None
@@ -153,6 +154,32 @@ def build_cfg(args):
                                                [])) + args.trust_checkpoint
     cfg.setdefault('runner_type', 'ExtRunner')
     return cfg
+
+
+def resume_after_restart(args, cfg) -> None:
+    """After torchrun restarted the ranks (``MAX_RESTARTS`` of
+    dist_train.sh; torchrun sets ``TORCHELASTIC_RESTART_COUNT``), resume
+    from the latest checkpoint in the work dir (the one --resume named, if
+    the run wrote none yet). Rank 0 prints why and from where."""
+    restarts = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
+    if restarts == 0:
+        return
+    from mmengine.runner import find_latest_checkpoint
+    latest = find_latest_checkpoint(cfg.work_dir)
+    if latest is not None or args.resume is None:
+        args.resume = 'auto'
+    if os.environ.get('RANK', '0') != '0':
+        return
+    if latest is not None:
+        where = f'resuming from {latest}'
+    elif args.resume != 'auto':
+        where = f'no checkpoint written yet: resuming from {args.resume}'
+    else:
+        where = f'no checkpoint in {cfg.work_dir} yet: starting over'
+    limit = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')
+    print(f'train.py: restart {restarts} of at most {limit}: torchrun '
+          'restarted every rank because one failed or was killed (its '
+          f'exit is reported above); {where}.', flush=True)
 
 
 def run(build_cfg_fn, args, mode: str = 'train',

@@ -1,9 +1,6 @@
 """Fail fast on diverging DDP ranks; skip non-finite steps together."""
-import datetime
 import logging
-import zlib
-from collections import Counter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -13,181 +10,20 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
 from mmengine.registry import HOOKS
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ..datasets.empty_gt_guard_collate import num_gt_instances
+from ..utils.side_channel import SideChannel
+from .rank_fingerprint import (COMPARED_FIELDS, FINGERPRINT_FIELDS, UNKNOWN,
+                               RankDivergenceError, collective_count,
+                               describe_divergence, gt_boxes_in, keys_text,
+                               loss_keys_hash, ranks_text)
 
-# The fingerprint of a checked iteration, in the order of its tensor. The
-# ranks must agree on every field but ``gt_boxes``, which only explains a
-# difference (ranks see different data).
-COMPARED_FIELDS = ('iteration', 'loss_keys_hash', 'num_loss_keys',
-                   'forward_collectives', 'trainable_params')
-FINGERPRINT_FIELDS = COMPARED_FIELDS + ('gt_boxes', )
-UNKNOWN = -1
 SKIPS_SCALAR = 'train/nonfinite_skips'
-MAX_LISTED_KEYS = 8
-EMPTY_GT_FIX = (
-    "use the DDP-safe heads (model.type='DDPSafeDINO', "
-    "model.bbox_head.type='DDPSafeDINOHead') or "
-    "train_dataloader.collate_fn=dict(type='empty_gt_guard_collate', "
-    "policy='swap')")
-
-
-class RankDivergenceError(RuntimeError):
-    """The ranks ran different code in one iteration; raised on every rank
-    with the same message."""
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss stayed non-finite for too many iterations in a row; raised
     on every rank with the same message."""
-
-
-def loss_keys_hash(keys: Sequence[str]) -> int:
-    """A hash of the sorted loss keys that is the same in every process
-    (``hash()`` of a str is salted per process)."""
-    return zlib.crc32('\n'.join(sorted(keys)).encode())
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return f'rank {ranks[0]}'
-    return 'ranks ' + ', '.join(str(r) for r in ranks)
-
-
-def _keys(keys: Sequence[str]) -> str:
-    keys = sorted(keys)
-    shown = ', '.join(keys[:MAX_LISTED_KEYS])
-    more = len(keys) - MAX_LISTED_KEYS
-    return shown + (f' (+{more} more)' if more > 0 else '')
-
-
-def _per_rank(values: Sequence[Any]) -> str:
-    return ', '.join(f'rank {r}: {v}' for r, v in enumerate(values))
-
-
-def _gt_text(gt_boxes: int) -> str:
-    return 'unknown' if gt_boxes == UNKNOWN else str(gt_boxes)
-
-
-def _gt_list(details: List[dict], ranks: Sequence[int], limit: int = 4) -> str:
-    shown = ', '.join(f'rank {r}: {_gt_text(details[r]["gt_boxes"])}'
-                      for r in ranks[:limit])
-    return shown + (', ...' if len(ranks) > limit else '')
-
-
-def _describe_loss_keys(details: List[dict]) -> List[str]:
-    """One line per group of ranks whose loss keys differ from the most
-    common key set (the lowest rank's set on a tie)."""
-    key_sets = [tuple(d['loss_keys']) for d in details]
-    counts = Counter(key_sets)
-    reference = max(key_sets, key=lambda s: (counts[s], -key_sets.index(s)))
-    ref_ranks = [r for r, s in enumerate(key_sets) if s == reference]
-    groups: Dict[Tuple, List[int]] = {}
-    for rank, keys in enumerate(key_sets):
-        if keys != reference:
-            extra = tuple(sorted(set(keys) - set(reference)))
-            missing = tuple(sorted(set(reference) - set(keys)))
-            groups.setdefault((extra, missing), []).append(rank)
-    lines = []
-    for (extra, missing), ranks in groups.items():
-        one = len(ranks) == 1
-        parts = []
-        if missing:
-            parts.append(f'{"is" if one else "are"} missing loss key(s) '
-                         f'{_keys(missing)}')
-        if extra:
-            parts.append(f'{"has" if one else "have"} extra loss key(s) '
-                         f'{_keys(extra)}')
-        gts = [details[r]['gt_boxes'] for r in ranks]
-        line = (f'{_ranks(ranks)} {" and ".join(parts)}, compared with '
-                f'{_ranks(ref_ranks)}; GT boxes in the batch: '
-                f'{_gt_list(details, ranks)} '
-                f'({_gt_list(details, ref_ranks)})')
-        if missing and all(g == 0 for g in gts):
-            line += f'. With 0 GT boxes, {EMPTY_GT_FIX}'
-        else:
-            line += ('. A loss computed on some ranks only leaves '
-                     'parameters and collectives unmatched across ranks: '
-                     'compute it on every rank, with zero weight where it '
-                     'does not apply')
-        lines.append(line)
-    return lines
-
-
-def describe_divergence(details: List[dict]) -> str:
-    """The error message for fingerprints that differ across ranks.
-
-    Args:
-        details (list[dict]): Per rank, in rank order: the fingerprint
-            fields (see ``FINGERPRINT_FIELDS``) with ``loss_keys`` (the
-            sorted loss keys) in place of their hash and count.
-
-    Returns:
-        str: One message naming the ranks and each difference.
-    """
-    iteration = details[0]['iteration']
-    lines = []
-    iterations = [d['iteration'] for d in details]
-    if len(set(iterations)) > 1:
-        lines.append(
-            f'the ranks are at different iterations ({_per_rank(iterations)})'
-            ': a rank skipped or repeated an iteration (different dataloader '
-            'lengths, or a checkpoint resumed on some ranks only)')
-        iteration = max(iterations)
-    if len({tuple(d['loss_keys']) for d in details}) > 1:
-        lines.extend(_describe_loss_keys(details))
-    collectives = [d['forward_collectives'] for d in details]
-    if UNKNOWN not in collectives and len(set(collectives)) > 1:
-        lines.append(
-            'the forward issued different numbers of collective calls '
-            f'(all_reduce, broadcast, ...) in this iteration '
-            f'({_per_rank(collectives)}): a collective inside a branch that '
-            "only some ranks take (such as a loss's reduce_mean of its "
-            'avg_factor) pairs with an unrelated call on the other ranks')
-    trainable = [d['trainable_params'] for d in details]
-    if len(set(trainable)) > 1:
-        lines.append(
-            'the number of parameters with requires_grad=True differs '
-            f'({_per_rank(trainable)}): freeze or unfreeze parameters on '
-            'every rank alike')
-    if not lines:  # only fields torch could not read on some ranks
-        lines.append('the fingerprints differ: ' +
-                     '; '.join(f'rank {r}: {d}'
-                               for r, d in enumerate(details)))
-    return (f'RankConsistencyHook: the ranks diverged in iteration '
-            f'{iteration}, before its backward; stopping every rank now '
-            '(DDP would hang, or fail later with an unrelated error):\n- ' +
-            '\n- '.join(lines))
-
-
-def _default_group_timeout() -> Optional[datetime.timedelta]:
-    """The default process group's collective timeout, if torch shows it."""
-    group = dist.distributed_c10d._get_default_group()
-    for device in ('cpu', 'cuda'):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (AttributeError, RuntimeError, ValueError):
-            continue
-    return None
-
-
-def _collective_count(group) -> int:
-    """How many collectives this rank has issued on ``group``."""
-    try:
-        return int(group._get_sequence_number_for_group())
-    except (AttributeError, RuntimeError):
-        return UNKNOWN
-
-
-def _gt_boxes(data_batch: Any) -> int:
-    samples = (
-        data_batch.get('data_samples')
-        if isinstance(data_batch, dict) else None)
-    if not isinstance(samples, (list, tuple)):
-        return UNKNOWN
-    counts = [num_gt_instances(s) for s in samples]
-    return UNKNOWN if None in counts else sum(counts)
 
 
 @HOOKS.register_module()
@@ -218,9 +54,11 @@ class RankConsistencyHook(Hook):
     all-gathered before the backward; if any field but the GT count
     differs, the ranks gather their loss keys and every rank raises
     :class:`RankDivergenceError` with the same message, e.g. "rank 1 has
-    extra loss key(s) loss_aux ...". The check runs on a gloo group of its
-    own (created at ``before_train`` with the default group's timeout;
-    gloo must be usable, as it is wherever torch runs), so it never pairs
+    extra loss key(s) loss_aux ...". The check runs on a side channel
+    (:class:`~mmddp_ext.utils.side_channel.SideChannel`: a gloo group of
+    its own, created at ``before_train`` with the default group's timeout,
+    or, where gloo cannot connect across nodes, the default group's store,
+    with one warning naming ``GLOO_SOCKET_IFNAME``), so it never pairs
     with a collective of the model: a rank whose forward launched an extra
     NCCL collective still reaches the check, and the difference is
     reported instead of a hang. (With gloo a collective
@@ -243,7 +81,10 @@ class RankConsistencyHook(Hook):
     losses (they would show ``nan`` for a whole smoothing window). After
     ``max_consecutive_skips`` skipped steps in a row every rank raises
     :class:`NonFiniteLossError`. Buffers updated in the forward (BatchNorm
-    running statistics) are not restored by a skip. With gradient
+    running statistics, NaN after a NaN input) are restored on the
+    offending ranks from the lowest healthy rank by one broadcast per
+    buffer dtype (skips are rare), so validation, checkpoints and EMA
+    never see them. With gradient
     accumulation, a non-finite loss in any accumulated iteration skips the
     step. Skipping needs a single ``OptimWrapper``; with an
     ``OptimWrapperDict`` only the consistency checks run.
@@ -307,7 +148,7 @@ class RankConsistencyHook(Hook):
         self._check_now = False
         self._batch: Any = None
         self._collectives_at_start = UNKNOWN
-        self._side_group = None
+        self._side: Optional[SideChannel] = None
         self._world_size = 1
         self._rank = 0
         self._comm_device = torch.device('cpu')
@@ -333,15 +174,15 @@ class RankConsistencyHook(Hook):
             self._rank = dist.get_rank()
         if self._world_size > 1:
             self._comm_device = get_comm_device()
-            self._side_group = dist.new_group(
-                backend='gloo', timeout=_default_group_timeout())
+            self._side = SideChannel.open('RankConsistencyHook')
         self._patch(model, 'parse_losses', self._checked_parse_losses)
         if self.skip_nonfinite:
             self._guard_steps(runner)
         checks = (f'comparing {self._world_size} ranks in the first '
                   f'{self.check_first} iterations and every '
-                  f'{self.check_every} iterations after' if self._side_group
-                  is not None else 'a single process: nothing to compare')
+                  f'{self.check_every} iterations after, over the '
+                  f'{self._side.kind}' if self._side is not None else
+                  'a single process: nothing to compare')
         skips = (f'; a non-finite loss skips the step on every rank '
                  f'(training stops after {self.max_consecutive_skips} in a '
                  'row)' if self.skip_nonfinite else '')
@@ -359,8 +200,8 @@ class RankConsistencyHook(Hook):
         self._in_train_iter = True
         if self._check_now:
             self._batch = data_batch
-            if self._side_group is not None:
-                self._collectives_at_start = _collective_count(
+            if self._side is not None:
+                self._collectives_at_start = collective_count(
                     dist.distributed_c10d._get_default_group())
 
     def after_train_iter(self,
@@ -428,7 +269,7 @@ class RankConsistencyHook(Hook):
         if not self._in_train_iter:
             return parsed_loss, log_vars
         self._saw_losses = True
-        if self._check_now and self._side_group is not None:
+        if self._check_now and self._side is not None:
             self._check_fingerprints(losses)
         if self.skip_nonfinite:
             self._reduce_nonfinite_flags(parsed_loss)
@@ -452,7 +293,7 @@ class RankConsistencyHook(Hook):
     def _fingerprint(self, losses: dict) -> Dict[str, int]:
         collectives = UNKNOWN
         if self._collectives_at_start != UNKNOWN:
-            collectives = _collective_count(
+            collectives = collective_count(
                 dist.distributed_c10d._get_default_group())
             collectives -= self._collectives_at_start
         return dict(
@@ -462,23 +303,20 @@ class RankConsistencyHook(Hook):
             forward_collectives=collectives,
             trainable_params=sum(1 for p in self._model.parameters()
                                  if p.requires_grad),
-            gt_boxes=_gt_boxes(self._batch))
+            gt_boxes=gt_boxes_in(self._batch))
 
     def _check_fingerprints(self, losses: dict) -> None:
         """All-gather the fingerprints; on any difference, raise the same
         :class:`RankDivergenceError` on every rank."""
         self.checks += 1
         local = self._fingerprint(losses)
-        row = torch.tensor([local[f] for f in FINGERPRINT_FIELDS],
-                           dtype=torch.int64)
-        rows = [torch.empty_like(row) for _ in range(self._world_size)]
-        dist.all_gather(rows, row, group=self._side_group)
-        compared = torch.stack(rows)[:, :len(COMPARED_FIELDS)]
+        rows = self._side.all_gather_ints(
+            [local[f] for f in FINGERPRINT_FIELDS])
+        compared = torch.tensor(rows)[:, :len(COMPARED_FIELDS)]
         if bool((compared == compared[0]).all()):
             return
-        local = dict(local, loss_keys=sorted(losses))
-        details: List[Optional[dict]] = [None] * self._world_size
-        dist.all_gather_object(details, local, group=self._side_group)
+        details = self._side.all_gather_object(
+            dict(local, loss_keys=sorted(losses)))
         raise RankDivergenceError(describe_divergence(details))
 
     # ----------------------------------------------------------- non-finite
@@ -514,12 +352,12 @@ class RankConsistencyHook(Hook):
             local_keys = local_keys - {'loss'}  # the total; terms are named
         names = sorted(local_keys)
         per_rank: List[Any] = [names]
-        if self._side_group is not None:
-            per_rank = [None] * self._world_size
-            dist.all_gather_object(per_rank, names, group=self._side_group)
-        where = '; '.join(f'rank {r}: {_keys(per_rank[r]) or "loss"}'
+        if self._side is not None:
+            per_rank = self._side.all_gather_object(names)
+        where = '; '.join(f'rank {r}: {keys_text(per_rank[r]) or "loss"}'
                           for r in bad_ranks)
         self._message_hub.update_scalar(SKIPS_SCALAR, self.total_skips)
+        restored = self._restore_buffers(bad_ranks)
         if self.consecutive_skips >= self.max_consecutive_skips:
             raise NonFiniteLossError(
                 f'RankConsistencyHook: {self.consecutive_skips} optimizer '
@@ -535,9 +373,41 @@ class RankConsistencyHook(Hook):
             f'{self._iteration} ({where}); skipped this optimizer step on '
             f'every rank ({self.consecutive_skips} in a row, '
             f'{self.total_skips} in total; training stops after '
-            f'{self.max_consecutive_skips} in a row).',
+            f'{self.max_consecutive_skips} in a row){restored}.',
             logger='current',
             level=logging.WARNING)
+
+    def _restore_buffers(self, bad_ranks: List[int]) -> str:
+        """Copy the model's buffers from the lowest healthy rank to the
+        offending ones (their forward may have left BatchNorm running
+        statistics NaN; with ``broadcast_buffers=False`` nothing else would
+        repair them). Every rank takes part in the broadcast, which runs on
+        the default group: the backward has finished on every rank.
+
+        Returns:
+            str: What was done, for the log line.
+        """
+        buffers = [b for b in self._model.buffers() if b.numel()]
+        if self._world_size == 1 or not buffers:
+            return ''
+        healthy = [r for r in range(self._world_size) if r not in bad_ranks]
+        if not healthy:
+            return ('; every rank was non-finite, so buffers such as '
+                    'BatchNorm running statistics may stay non-finite')
+        source = healthy[0]
+        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        for buffer in buffers:
+            by_dtype.setdefault(buffer.dtype, []).append(buffer)
+        with torch.no_grad():
+            for group in by_dtype.values():
+                flat = _flatten_dense_tensors(group)
+                dist.broadcast(flat, src=source)
+                if self._rank in bad_ranks:
+                    for buffer, synced in zip(
+                            group, _unflatten_dense_tensors(flat, group)):
+                        buffer.copy_(synced)
+        return (f'; buffers of {ranks_text(bad_ranks)} restored from rank '
+                f'{source}')
 
 
 def _nonfinite_keys(log_vars: List[dict]) -> Set[str]:

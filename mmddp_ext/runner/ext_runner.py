@@ -19,6 +19,8 @@ from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
 from ..utils.dist_env import (check_launch_environment, init_distributed,
                               rank_device)
+from ..wrappers.auto_ddp import UnexpectedUnusedParameterError
+from ..wrappers.auto_ddp_restart import keep_need_for_restart
 
 # mmddp_ext_cfg keys and their values when the key is absent.
 EXT_CFG_DEFAULTS = dict(
@@ -65,7 +67,10 @@ class ExtRunner(Runner):
       that ``mmddp_ext_cfg`` switches on, unless the config lists them.
     - ``load_checkpoint``: reads local files with ``weights_only=True``.
     - ``train``: when a collective times out, re-raises with every rank's
-      last reported iteration and phase.
+      last reported iteration and phase; when AutoDDP stops every rank for
+      parameters gone unused, records in the latest checkpoint that the
+      run needs ``find_unused_parameters=True`` (so a restart resumes that
+      way).
 
     Config keys it reads besides ``Runner``'s:
 
@@ -242,6 +247,10 @@ class ExtRunner(Runner):
     def train(self) -> nn.Module:
         try:
             return super().train()
+        except UnexpectedUnusedParameterError as error:
+            # Every rank raised it; a torchrun restart resumes correctly.
+            keep_need_for_restart(self, error)
+            raise
         except RuntimeError as error:
             text = str(error).lower()
             if not (self.distributed and dist.is_initialized() and any(

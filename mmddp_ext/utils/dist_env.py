@@ -7,6 +7,7 @@ mmddp_ext that needs to know which backend or device a rank uses asks the
 functions here instead of branching on ``torch.cuda.is_available()``.
 """
 import datetime
+import logging
 import os
 from typing import List, Optional, Tuple
 
@@ -26,10 +27,14 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def local_world_size() -> int:
-    """Number of ranks started on this machine by the launcher."""
-    return int(
-        os.environ.get('LOCAL_WORLD_SIZE', os.environ.get('WORLD_SIZE', 1)))
+def local_world_size() -> Optional[int]:
+    """Number of ranks started on this machine by the launcher, or None
+    when the launcher does not say (no ``LOCAL_WORLD_SIZE``). ``WORLD_SIZE``
+    is no stand-in: on several nodes it counts every node's ranks."""
+    value = os.environ.get('LOCAL_WORLD_SIZE')
+    if value is not None:
+        return int(value)
+    return None if 'WORLD_SIZE' in os.environ else 1
 
 
 def local_rank() -> int:
@@ -41,7 +46,11 @@ def choose_backend(requested: Optional[str] = None) -> Tuple[str, str]:
     """Pick the process-group backend for this machine.
 
     NCCL needs one CUDA device per local rank. When CUDA is unavailable, or
-    there are fewer GPUs than local ranks, gloo is used instead.
+    the launcher says there are fewer GPUs than local ranks, gloo is used
+    instead. When the launcher does not say how many ranks share this
+    machine (no ``LOCAL_WORLD_SIZE``), GPUs mean NCCL: the count is not
+    guessed from ``WORLD_SIZE``, which would switch a multi-node NCCL job
+    to gloo without a word.
 
     Args:
         requested (str, optional): Backend from ``env_cfg.dist_cfg.backend``.
@@ -56,6 +65,9 @@ def choose_backend(requested: Optional[str] = None) -> Tuple[str, str]:
         return requested, f'backend {requested!r} requested in dist_cfg'
     if gpus == 0:
         return 'gloo', 'CUDA is not available'
+    if ranks is None:
+        return 'nccl', (f'{gpus} GPU(s); LOCAL_WORLD_SIZE is not set, so '
+                        'one GPU per local rank is assumed')
     if gpus < ranks:
         return 'gloo', f'{gpus} GPU(s) for {ranks} local ranks'
     return 'nccl', f'{gpus} GPU(s) for {ranks} local ranks'
@@ -199,9 +211,15 @@ def init_distributed(launcher: str,
         rank=int(os.environ['RANK']),
         world_size=int(os.environ['WORLD_SIZE']),
         **kwargs)
+    # On a CPU-only machine gloo is the documented stand-in for nccl; with
+    # GPUs, not getting the requested backend deserves a warning.
+    switched = backend not in (None, chosen) and visible_gpu_count() > 0
     print_log(
         f'mmddp_ext: {chosen} process group, rank {torch_dist.get_rank()}/'
         f'{torch_dist.get_world_size()} on {device} ({reason}), collective '
-        f"timeout {kwargs['timeout'].total_seconds():.0f}s",
-        logger='current')
+        f"timeout {kwargs['timeout'].total_seconds():.0f}s" +
+        (f'; env_cfg.dist_cfg.backend={backend!r} cannot run here'
+         if switched else ''),
+        logger='current',
+        level=logging.WARNING if switched else logging.INFO)
     return chosen
