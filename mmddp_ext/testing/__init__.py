@@ -2,9 +2,10 @@
 by users debugging DDP on a laptop). Importing this registers nothing."""
 from .multi_rank import (MultiRankError, free_port, kill_process_tree,
                          process_tree, run_command, run_on_ranks)
+from .meta_weights import weights_on_meta
 from .synthetic_coco import make_synthetic_coco
 
 __all__ = [
     'MultiRankError', 'free_port', 'kill_process_tree', 'process_tree',
-    'run_command', 'run_on_ranks', 'make_synthetic_coco'
+    'run_command', 'run_on_ranks', 'make_synthetic_coco', 'weights_on_meta'
 ]

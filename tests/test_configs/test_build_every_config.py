@@ -3,9 +3,9 @@ val pipelines, and passes the class-count check (issue 13)."""
 import os.path as osp
 
 import pytest
-import torch
 from mmengine.config import Config
 
+from mmddp_ext.testing import weights_on_meta
 from ..helpers import REPO_ROOT
 from .config_files import config_files, leaf_datasets
 
@@ -37,7 +37,7 @@ def test_config_builds(config):
                     }) == 1, (f'{config}: set all or none of {keys}')
     # Parameters on the meta device: no memory, no initialisation cost
     # (a Swin-L CO-DINO has ~200M parameters), same modules and shapes.
-    with torch.device('meta'):
+    with weights_on_meta():
         model = MODELS.build(cfg.model)
     assert sum(p.numel() for p in model.parameters()) > 0
     for split in ('train', 'val'):

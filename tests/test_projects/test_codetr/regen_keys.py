@@ -24,7 +24,7 @@ import contextlib
 import importlib
 import os.path as osp
 import sys
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 HERE = osp.dirname(osp.abspath(__file__))
 REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(HERE)))
@@ -53,37 +53,6 @@ PINS = {
 Entry = Tuple[str, Tuple[int, ...]]
 
 
-@contextlib.contextmanager
-def weights_on_meta() -> Iterator[None]:
-    """Build modules with every parameter and buffer moved to the meta
-    device as it is registered: shapes without memory. Unlike
-    ``torch.device('meta')``, code that reads a value while building (mmdet's
-    SwinTransformer calls ``.item()`` on its drop-path schedule) works."""
-    import torch
-    import torch.nn as nn
-    register_parameter = nn.Module.register_parameter
-    register_buffer = nn.Module.register_buffer
-
-    def parameter_on_meta(module, name, param):
-        if param is not None:
-            param = nn.Parameter(
-                param.to('meta'), requires_grad=param.requires_grad)
-        register_parameter(module, name, param)
-
-    def buffer_on_meta(module, name, tensor, persistent=True):
-        if isinstance(tensor, torch.Tensor):
-            tensor = tensor.to('meta')
-        register_buffer(module, name, tensor, persistent=persistent)
-
-    nn.Module.register_parameter = parameter_on_meta
-    nn.Module.register_buffer = buffer_on_meta
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register_parameter
-        nn.Module.register_buffer = register_buffer
-
-
 def import_implementation(upstream_root: Optional[str] = None):
     """Register mmdet's modules and the CO-DETR code: the port's, or
     upstream's from ``upstream_root`` (never both: they share names)."""
@@ -105,6 +74,7 @@ def build_entries(config: str, on_meta: bool = True) -> List[Entry]:
     from mmengine.config import Config
     cfg = Config.fromfile(config, import_custom_modules=False).model
     cfg.backbone.init_cfg = None  # no download
+    from mmddp_ext.testing import weights_on_meta
     with weights_on_meta() if on_meta else contextlib.nullcontext():
         model = MODELS.build(cfg)
     return [(key, tuple(value.shape))
