@@ -44,8 +44,9 @@ def custom_root(tmp_path_factory):
 
 
 def _scale_options(node: Any, key: str) -> Dict[str, Any]:
-    """Options that set every resize scale / crop size in a pipeline to
-    IMAGE_SIZE, with list indices spelled as --cfg-options expects."""
+    """Options that set every resize scale, crop size and fixed pad size
+    (LSJ's Pad and BatchFixedSizePad) under ``node`` to IMAGE_SIZE, with
+    list indices spelled as --cfg-options expects."""
     options = {}
     if isinstance(
             node,
@@ -55,7 +56,7 @@ def _scale_options(node: Any, key: str) -> Dict[str, Any]:
     elif isinstance(node, dict):
         size = (IMAGE_SIZE, IMAGE_SIZE)
         for name, value in node.items():
-            if name in ('scale', 'crop_size') and value is not None:
+            if name in ('scale', 'crop_size', 'size') and value is not None:
                 options[f'{key}.{name}'] = size
             elif name == 'scales':
                 options[f'{key}.{name}'] = [size]
@@ -86,6 +87,10 @@ def placeholder_options(cfg: Config, root: str,
     synthetic set, plus one short epoch at IMAGE_SIZE pixels with
     NUM_QUERIES queries."""
     options = {'load_from': None}
+    if cfg.model.get('backbone', {}).get('init_cfg'):
+        # ImageNet weights (torchvision://, URLs) are not reachable here;
+        # the custom configs' load_from replaces them anyway.
+        options['model.backbone.init_cfg'] = None
     for split in ('train', 'val', 'test'):
         sub = 'train' if split == 'train' else 'val'
         prefix = f'{split}_dataloader.dataset'
@@ -103,6 +108,9 @@ def placeholder_options(cfg: Config, root: str,
             options[f'{split}_evaluator.ann_file'] = (
                 f'{root}/val/annotations.json')
     options.update(_query_options(cfg.model, 'model'))
+    options.update(
+        _scale_options(
+            cfg.model.get('data_preprocessor'), 'model.data_preprocessor'))
     options.update({
         'train_dataloader.batch_size': batch_size,
         'train_dataloader.num_workers': 0,
