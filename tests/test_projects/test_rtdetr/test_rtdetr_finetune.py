@@ -1,21 +1,27 @@
 """Fine-tuning RT-DETR-tiny on ~50 %-empty synthetic data learns.
 
 One process, MMEngine's Runner on configs/rtdetr_tiny.py: COCO bbox mAP
-(pycocotools, CocoMetric) of the untrained model, then of the same model
-after a few hundred iterations on the session's synthetic dataset (24
+(pycocotools, CocoMetric) of the initialised, untrained model, then of the
+same model after 200 iterations on the session's synthetic dataset (24
 training images, about half of them without boxes).
+
+Deterministic (seed, sampler, algorithms, thread count). Measured on seeds
+0, 1 and 2: untrained mAP 0.000 on every seed; trained mAP 0.210, 0.453 and
+0.283 (mAP@50 0.404, 0.775, 0.538).
 """
 from ...helpers import finetune_map
 from .rtdetr_utils import TINY_CONFIG, import_project
 
 ITERS = 200
+SEED = 0
 
 
 def test_finetuning_raises_map_well_above_untrained(synthetic_root, tmp_path):
     import_project()
     untrained, trained = finetune_map(TINY_CONFIG, synthetic_root, ITERS,
-                                      str(tmp_path))
-    print(f'RT-DETR-tiny bbox mAP: untrained {untrained:.3f}, after '
-          f'{ITERS} iterations {trained:.3f}')
-    assert trained >= 0.1 + untrained, (untrained, trained)
-    assert trained >= 3 * untrained, (untrained, trained)
+                                      str(tmp_path), seed=SEED)
+    before, after = untrained['coco/bbox_mAP'], trained['coco/bbox_mAP']
+    print(f'RT-DETR-tiny bbox mAP: untrained {before:.3f}, after '
+          f'{ITERS} iterations {after:.3f}')
+    assert after >= 0.1 + before, (untrained, trained)
+    assert after >= 3 * before, (untrained, trained)
