@@ -106,7 +106,10 @@ def test_old_recipe_fails_on_a_base_with_custom_imports(tmp_path, toy_on_path):
 
 
 def test_base_setting_runner_type_is_refused_with_instructions(
-        tmp_path, toy_on_path):
+        tmp_path, toy_on_path, monkeypatch):
+    # parse_args exports LOCAL_RANK, as MMDetection's train.py does; the
+    # monkeypatch takes it out of the environment again afterwards.
+    monkeypatch.setenv('LOCAL_RANK', '0')
     sys.path.insert(0, osp.join(REPO_ROOT, 'tools'))
     try:
         from train import load_cfg, parse_args

@@ -343,7 +343,7 @@ def test_same_model_on_plain_mmengine_fails_later_and_unrelated(
             _train,
             2,
             args=(str(tmp_path), synthetic_root, 3, overrides),
-            timeout=45)
+            timeout=120)  # 3x its loaded time; a hang fails too
     message = str(info.value)
     rank0 = message.split('===== rank 1')[0]
     assert 'Expected to have finished reduction in the prior iteration' \
