@@ -1,5 +1,6 @@
 import copy
 import inspect
+import logging
 from typing import Dict, List, Optional, Union
 
 import torch.distributed as dist
@@ -8,6 +9,7 @@ from mmengine.device import get_device
 from mmengine.dist import (all_gather_object, get_rank, get_world_size,
                            is_distributed)
 from mmengine.hooks import Hook
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS, MODEL_WRAPPERS, RUNNERS
 from mmengine.runner import Runner
@@ -52,7 +54,9 @@ class ExtRunner(Runner):
     - ``wrap_model``: passes ``device_ids`` to a DDP wrapper only for a
       model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
       uses ``AutoDDP`` when no wrapper is configured and
-      ``mmddp_ext_cfg.auto_ddp`` is on.
+      ``mmddp_ext_cfg.auto_ddp`` is on. ``sync_bn`` is skipped, with a
+      warning, on CPU ranks: torch's ``SyncBatchNorm`` runs on GPUs only,
+      so stock converts the model and its first forward raises.
     - ``__init__``: before anything is built, checks every ``num_classes``
       in the model config against the classes of each dataloader's dataset
       (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`);
@@ -205,6 +209,15 @@ class ExtRunner(Runner):
                 type='MMDistributedDataParallel',
                 broadcast_buffers=False,
                 find_unused_parameters=bool(find_unused))
+        if self.cfg.get('sync_bn', None) is not None and get_device() == 'cpu':
+            print_log(
+                f'ExtRunner: sync_bn={self.cfg.sync_bn!r} skipped: torch\'s '
+                'SyncBatchNorm runs on GPUs only, so each CPU rank keeps its '
+                'own BatchNorm statistics (as with sync_bn unset). It '
+                'applies again on GPU ranks.',
+                logger='current',
+                level=logging.WARNING)
+            self.cfg.sync_bn = None
         model_wrapper_cfg = copy.deepcopy(dict(model_wrapper_cfg))
         model_wrapper_cfg.setdefault('type', 'MMDistributedDataParallel')
         wrapper_type = MODEL_WRAPPERS.get(model_wrapper_cfg['type'])
