@@ -65,6 +65,8 @@ CASES: List[ZooCase] = [
     ZooCase('conditional_detr',
             'mmdet::conditional_detr/conditional-detr_r50_8xb2-50e_coco.py',
             _detr(20, dict(in_channels=[512]))),
+    ZooCase('dab_detr', 'mmdet::dab_detr/dab-detr_r50_8xb2-50e_coco.py',
+            _detr(20, dict(in_channels=[512]))),
     ZooCase('faster_rcnn', 'mmdet::faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py',
             dict(backbone=R18, neck=R18_FPN,
                  roi_head=dict(bbox_head=HEAD))),
