@@ -184,6 +184,10 @@ class AutoDDP(MMDistributedDataParallel):
         self._probe_ever: Optional[List[bool]] = None
         self._woke_events = 0
         self.autoddp_decision: Optional[dict] = None
+        # The runner resumes after building the wrapper, so a decision
+        # already in the message hub comes from an earlier run in this
+        # process (a second Runner, a test), not from this run's checkpoint.
+        MessageHub.get_current_instance().pop_info(DECISION_INFO_KEY, None)
         # ids of the parameters whose gradient the running backward
         # accumulated; a plain set (not ``self``) in the hooks, so that
         # deep copies of the model (EMA) do not drag the wrapper along.
