@@ -1,12 +1,12 @@
 from typing import Dict, List, Optional
 
-from mmengine.dist import all_gather_object
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 from torch.nn.parallel import DistributedDataParallel
 
 from ..utils import activation_checkpoint as act_cp
+from ..utils.side_channel import SideChannel
 
 POLICIES = act_cp.POLICIES
 
@@ -68,6 +68,7 @@ class CheckpointConflictHook(Hook):
                 f"one of {POLICIES} (default 'non_reentrant').")
         self.policy = policy
         self._pending = False
+        self._channel: Optional[SideChannel] = None
         self._reason: Optional[str] = None
         # Checkpointing modules seen in the first step and what their calls
         # stated as use_reentrant (None: not stated); set by the check.
@@ -90,6 +91,11 @@ class CheckpointConflictHook(Hook):
                 logger='current')
             return
         act_cp.watch(model.module)
+        # The sites are merged after the first step, when DDP's bucket
+        # all-reduces may still be pending on the default group (a rank
+        # that used other parameters): a gather there would pair with one
+        # of them and hang instead of letting DDP report the error.
+        self._channel = SideChannel.open('CheckpointConflictHook')
         self._pending = True
         if getattr(model, '_ddp_built', True) and getattr(
                 model, 'find_unused_parameters', False):
@@ -134,7 +140,7 @@ class CheckpointConflictHook(Hook):
 
     def _check(self, runner, model) -> None:
         self.sites = act_cp.merge_records(
-            all_gather_object(act_cp.stop_recording()))
+            self._channel.all_gather_object(act_cp.stop_recording()))
         reason = self._conflict_reason(model, self.sites)
         if reason is None:
             act_cp.set_policy(None)

@@ -342,3 +342,36 @@ def record_generator_calls(generator) -> list:
 
     swap_behaviour(generator, Recording)
     return calls
+
+
+def check_port_gives_the_gt_less_rank_a_dummy_group(dn_run, empty_rank):
+    """Every rank of a ``*_dn_control`` run: the GT-less rank got the dummy
+    group and all ranks have the same loss keys, all-reduces, gradients."""
+    for rank, result in enumerate(dn_run):
+        for dn_meta in result['port_dn']:
+            assert dn_meta['dummy_dn_group'] is (rank == empty_rank)
+            if rank == empty_rank:
+                assert dn_meta['num_denoising_queries'] == 2
+        port = result['port']
+        assert port['loss_keys'] == dn_run[0]['port']['loss_keys']
+        assert port['all_reduce_calls'] == dn_run[0]['port'][
+            'all_reduce_calls']
+        assert port['missing_grads'] == []
+
+
+def check_v1_style_gt_less_rank_breaks_ddp(dn_run, empty_rank):
+    """The negative control of a ``*_dn_control`` run: without the dn part the GT-less rank has no dn loss keys, issues
+    fewer all-reduces and leaves the dn label embedding unused."""
+    assert dn_run[empty_rank]['v1_dn'][0] is None
+    # The rank with GT may fail inside its forward (its extra dn
+    # all-reduces), before its loss keys are recorded.
+    empty = dn_run[empty_rank]['v1']['loss_keys'][0]
+    assert not any('dn_loss' in key for key in empty)
+    assert any('dn_loss' in key for key in dn_run[0]['port']['loss_keys'])
+    # The seed failure: the GT-less rank left the dn label embedding out
+    # of its graph, so DDP stops it at the next step, while the rank with
+    # GT waits for all-reduces that never come (a hang, bounded here by
+    # the control groups' timeout).
+    assert 'Expected to have finished reduction' in (
+        dn_run[empty_rank]['v1']['error'] or '')
+    assert 'Timed out waiting' in (dn_run[0]['v1']['error'] or '')

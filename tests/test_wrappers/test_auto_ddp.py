@@ -189,9 +189,11 @@ def test_explicit_false_is_honoured(unused_2ranks):
     the probe (which would leave the parameter out): the fast path's check
     stops every rank in the first step, naming the parameter and the fix."""
     _, results = unused_2ranks
-    for rank, res in enumerate(_on_every_rank(results, 'explicit_false')):
-        error = res['error']
-        assert f'AutoDDP (rank {rank}): 1 parameter(s) received no ' \
+    errors = [res['error'] for res in _on_every_rank(results,
+                                                     'explicit_false')]
+    assert errors[0] == errors[1]  # the same error, raised by every rank
+    for error in errors:
+        assert 'AutoDDP (ranks 0, 1): 1 parameter(s) received no ' \
             'gradient' in error
         assert UNUSED in error
         assert "find_unused_parameters=True) in the config" in error

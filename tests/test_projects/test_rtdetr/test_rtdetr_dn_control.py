@@ -11,10 +11,11 @@ of its own with a short collective timeout (``control_step_report``).
 import pytest
 
 from mmddp_ext.testing import run_on_ranks
-from ...test_models.dino_utils import (V1StyleCriterion, V1StyleDnGenerator,
-                                       control_step_report, ddp_step_report,
-                                       raw_batch, record_generator_calls,
-                                       swap_behaviour)
+from ...test_models.dino_utils import (
+    V1StyleCriterion, V1StyleDnGenerator,
+    check_port_gives_the_gt_less_rank_a_dummy_group,
+    check_v1_style_gt_less_rank_breaks_ddp, control_step_report,
+    ddp_step_report, raw_batch, record_generator_calls, swap_behaviour)
 from .rtdetr_utils import build_tiny
 
 EMPTY_RANK = 1
@@ -44,31 +45,8 @@ def dn_run():
 
 
 def test_port_gives_the_gt_less_rank_a_dummy_group(dn_run):
-    for rank, result in enumerate(dn_run):
-        for dn_meta in result['port_dn']:
-            assert dn_meta['dummy_dn_group'] is (rank == EMPTY_RANK)
-            if rank == EMPTY_RANK:
-                assert dn_meta['num_denoising_queries'] == 2
-        port = result['port']
-        assert port['loss_keys'] == dn_run[0]['port']['loss_keys']
-        assert port['all_reduce_calls'] == dn_run[0]['port'][
-            'all_reduce_calls']
-        assert port['missing_grads'] == []
+    check_port_gives_the_gt_less_rank_a_dummy_group(dn_run, EMPTY_RANK)
 
 
 def test_v1_style_gt_less_rank_breaks_ddp(dn_run):
-    """Without the dn part the GT-less rank has no dn loss keys, issues
-    fewer all-reduces and leaves the dn label embedding unused."""
-    assert dn_run[EMPTY_RANK]['v1_dn'][0] is None
-    # The rank with GT may fail inside its forward (its extra dn
-    # all-reduces), before its loss keys are recorded.
-    empty = dn_run[EMPTY_RANK]['v1']['loss_keys'][0]
-    assert not any('dn_loss' in key for key in empty)
-    assert any('dn_loss' in key for key in dn_run[0]['port']['loss_keys'])
-    # The seed failure: the GT-less rank left the dn label embedding out
-    # of its graph, so DDP stops it at the next step, while the rank with
-    # GT waits for all-reduces that never come (a hang, bounded here by
-    # the control groups' timeout).
-    assert 'Expected to have finished reduction' in (
-        dn_run[EMPTY_RANK]['v1']['error'] or '')
-    assert 'Timed out waiting' in (dn_run[0]['v1']['error'] or '')
+    check_v1_style_gt_less_rank_breaks_ddp(dn_run, EMPTY_RANK)
