@@ -30,8 +30,8 @@ class CheckpointConflictHook(Hook):
     every checkpoint call that does not state ``use_reentrant`` follows
     ``policy``, whichever module makes it and however it imported the
     function. The modules that checkpoint are those seen calling it in the
-    first training step (all ranks combined); they are named in the log
-    and in the ``'error'`` message.
+    first training step's forward (all ranks combined); they are named in
+    the log and in the ``'error'`` message.
 
     A conflict is a DDP wrapper with ``find_unused_parameters=True`` (plain
     ``MMDistributedDataParallel`` or an ``AutoDDP`` decision), or
@@ -39,8 +39,12 @@ class CheckpointConflictHook(Hook):
     wrapper built with ``find_unused_parameters=True`` conflicts from its
     first step, so the policy applies from the start; with ``AutoDDP``
     deciding by itself, the check runs after its probe step (which runs
-    without DDP), before DDP runs a backward. One line is logged either
-    way; the policy is lifted after the run.
+    without DDP), before DDP runs a backward. Where DDP runs the first step,
+    the ranks' sites are merged after its forward and before its backward,
+    never between iterations: a rank that used other parameters than its
+    peers is stuck in that backward (DDP's own error comes at the next
+    iteration), and a merge there would turn the error into a hang. One
+    line is logged either way; the policy is lifted after the run.
 
     ``custom_hooks = [dict(type='CheckpointConflictHook')]``
 
@@ -69,6 +73,7 @@ class CheckpointConflictHook(Hook):
         self.policy = policy
         self._pending = False
         self._channel: Optional[SideChannel] = None
+        self._first_forward = None  # the forward hook's handle
         self._reason: Optional[str] = None
         # Checkpointing modules seen in the first step and what their calls
         # stated as use_reentrant (None: not stated); set by the check.
@@ -91,14 +96,21 @@ class CheckpointConflictHook(Hook):
                 logger='current')
             return
         act_cp.watch(model.module)
-        # The sites are merged after the first step, when DDP's bucket
-        # all-reduces may still be pending on the default group (a rank
-        # that used other parameters): a gather there would pair with one
-        # of them and hang instead of letting DDP report the error.
         self._channel = SideChannel.open('CheckpointConflictHook')
-        self._pending = True
-        if getattr(model, '_ddp_built', True) and getattr(
-                model, 'find_unused_parameters', False):
+        if not getattr(model, '_ddp_built', True):
+            # AutoDDP probes the first step without DDP: the check runs
+            # after it, before DDP runs a backward.
+            self._pending = True
+            return
+        # DDP runs the first step. The sites are merged once its forward
+        # has run, before its backward: after the backward a rank that
+        # used other parameters than its peers waits in the backward for
+        # a bucket all-reduce the peers never launch, so a merge there
+        # would hang every rank instead of letting DDP report the error
+        # at the next iteration.
+        self._first_forward = model.module.register_forward_hook(
+            lambda module, args, output: self._after_first_forward(runner))
+        if getattr(model, 'find_unused_parameters', False):
             # The first backward already runs under DDP.
             self._apply(runner, 'DDP runs with find_unused_parameters=True')
 
@@ -107,12 +119,20 @@ class CheckpointConflictHook(Hook):
                          batch_idx: int,
                          data_batch=None,
                          outputs=None) -> None:
-        # AutoDDP builds DDP after its probe step; a plain wrapper is built.
+        # AutoDDP builds DDP after its probe step.
         if self._pending and getattr(runner.model, '_ddp_built', True):
             self._pending = False
             self._check(runner, runner.model)
 
+    def _after_first_forward(self, runner) -> None:
+        self._first_forward.remove()
+        self._first_forward = None
+        self._check(runner, runner.model)
+
     def after_run(self, runner) -> None:
+        if self._first_forward is not None:  # no training step ran
+            self._first_forward.remove()
+            self._first_forward = None
         act_cp.reset()
 
     # ------------------------------------------------------------ internals

@@ -14,7 +14,7 @@ from mmdet.models.backbones import ResNet, ResNeXt
 from mmengine.model import BaseModel
 
 from mmddp_ext.hooks import CheckpointConflictHook
-from mmddp_ext.testing import run_on_ranks
+from mmddp_ext.testing import MultiRankError, run_on_ranks
 from mmddp_ext.utils import activation_checkpoint as act_cp
 
 from ..helpers import build_runner, rank0_log
@@ -222,7 +222,7 @@ def _build_case(case, with_cp):
     from mmdet.models import backbones
     from mmengine.runner import turn_on_activation_checkpointing
     neck = None
-    if case == 'resnet':
+    if case in ('resnet', 'resnet_rank0_branch'):
         backbone = _resnet(with_cp)
     elif case == 'resnext':
         backbone = ResNeXt(
@@ -273,6 +273,10 @@ def _build_case(case, with_cp):
     elif case == 'mmengine_activation_checkpointing':
         backbone = _resnet(with_cp=False)
     model = TinyDetector(backbone, neck)
+    if case == 'resnet_rank0_branch':
+        # Only rank0_scale differs: rank 0 completes the bucket and waits
+        # in its backward for an all-reduce rank 1 never launches.
+        del model.unused
     listed = LISTED.get(case, [])
     if with_cp and listed:
         turn_on_activation_checkpointing(model, listed)
@@ -313,7 +317,9 @@ def _wrap(model, shape, group=None):
     if shape == 'autoddp':
         return AutoDDP(model)
     return MMDistributedDataParallel(
-        model, find_unused_parameters=True, process_group=group)
+        model,
+        find_unused_parameters=True,
+        process_group=group)
 
 
 def _train(case, shape, hook=None, steps=2, group=None):
@@ -462,6 +468,37 @@ def test_same_runs_without_the_hook_fail_with_the_ddp_error(matrix):
     for rank, result in enumerate(matrix):
         for case in CASES:
             assert DDP_DOUBLE_READY in result[case, 'no hook'], (rank, case)
+
+
+def _divergent_ranks():
+    """Two steps of plain DDP without find_unused_parameters, with the
+    hook called as the Runner calls it (and no other collective): the
+    model's ``rank0_scale`` gets a gradient on rank 0 only."""
+    from mmengine.model import MMDistributedDataParallel
+    from mmengine.optim import OptimWrapper
+    torch.manual_seed(0)
+    model, cfg = _build_case('resnet_rank0_branch', with_cp=True)
+    wrapper = MMDistributedDataParallel(model)
+    optim = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    runner = SimpleNamespace(model=wrapper, cfg=cfg)
+    hook = CheckpointConflictHook()
+    hook.before_train(runner)
+    for step in range(2):
+        wrapper.train_step(
+            dict(inputs=torch.randn(2, 3, 32, 32)), optim)
+        hook.after_train_iter(runner, step)
+
+
+def test_divergent_ranks_still_get_the_ddp_error_with_the_hook():
+    """The hook merges the ranks' sites inside the first forward, before
+    DDP's backward: rank 1 gets DDP's own error at step 2, as without the
+    hook, while rank 0 waits in step 1's backward for a bucket all-reduce
+    rank 1 never launched. (The merge used to run after the step, where
+    rank 1 waited for rank 0: both hung until the timeout.)"""
+    with pytest.raises(MultiRankError) as info:
+        run_on_ranks(_divergent_ranks, 2, timeout=60)  # 3x its loaded time
+    assert ('===== rank 1: RuntimeError: Expected to have finished '
+            'reduction in the prior iteration') in str(info.value)
 
 
 def test_disable_and_error_policies_on_real_ddp(matrix):
