@@ -78,8 +78,9 @@ class FinitePredictionsHook(Hook):
     box, with score 0, ranked after every real prediction. Such a
     prediction is a miss, so an all-NaN model scores mAP 0.0 while the
     metric keys stay (dropping the predictions instead would leave a
-    metric such as ``CocoMetric`` with nothing to score: it would return
-    no keys, and ``CheckpointHook(save_best=...)`` would raise). Finite
+    metric such as ``CocoMetric`` with nothing to score: it returns no keys
+    at all, so the log shows no mAP and ``CheckpointHook(save_best=...)``
+    skips that evaluation, instead of a plain 0). Finite
     predictions are scored exactly as before. The data samples get the
     corrected fields, so every metric of the evaluator (``DumpDetResults``
     too) and the hooks after it (visualisation) see what was scored.

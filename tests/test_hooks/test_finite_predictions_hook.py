@@ -142,6 +142,20 @@ def test_nan_boxes_are_scored_as_misses_through_coco_metric(
     assert stock['coco/bbox_mAP'] == ALL_NAN_MAP
 
 
+def test_dropping_them_instead_would_leave_no_metric(synthetic_root):
+    """Why the hook zeroes non-finite predictions rather than dropping
+    them: with every prediction dropped, CocoMetric returns no key at all
+    (no mAP in the log) instead of the 0.0 a broken model deserves."""
+    ann_file = osp.join(synthetic_root, 'val', 'annotations.json')
+    samples = _with_nan_boxes(gt_as_predictions(ann_file), keep_gt=False)
+    for sample in samples:
+        sample['pred_instances'] = {
+            key: value[:0]
+            for key, value in sample['pred_instances'].items()
+        }
+    assert _evaluate(ann_file, samples) == {}
+
+
 def test_finite_predictions_are_untouched_and_nothing_is_logged(
         synthetic_root, warnings_logged):
     ann_file = osp.join(synthetic_root, 'val', 'annotations.json')
