@@ -266,21 +266,24 @@ def _val_with_nan_boxes(work_dir, data_root, overrides):
     with torch.no_grad():
         for param in runner.model.bbox_head.reg_branches.parameters():
             param.fill_(NAN)
-    return runner.val()
+    return runner, runner.val()
 
 
 def test_runner_val_of_a_diverged_dino(tmp_path, synthetic_root):
     work_dir = str(tmp_path / 'stack')
-    metrics = _val_with_nan_boxes(work_dir, synthetic_root, {})
+    runner, metrics = _val_with_nan_boxes(work_dir, synthetic_root, {})
     assert metrics['coco/bbox_mAP'] == 0.0
     log = rank0_log(work_dir)
     assert 'WARNING - FinitePredictionsHook: ' in log
     assert 'val predictions on 8 of 8 images had non-finite' in log
+    # TestLoop (the same 8 images) goes through the same wrapper.
+    assert runner.test()['coco/bbox_mAP'] == 0.0
+    assert 'test predictions on 8 of 8 images' in rank0_log(work_dir)
 
     # Negative control: the key off gives the stock, inflated mAP.
     work_dir = str(tmp_path / 'stock')
-    metrics = _val_with_nan_boxes(work_dir, synthetic_root,
-                                  {'mmddp_ext_cfg.finite_predictions': False})
+    _, metrics = _val_with_nan_boxes(
+        work_dir, synthetic_root, {'mmddp_ext_cfg.finite_predictions': False})
     assert metrics['coco/bbox_mAP'] > 0.0  # 0.072 measured
     assert 'FinitePredictionsHook' not in rank0_log(work_dir)
 
