@@ -29,6 +29,8 @@
 #   empty_gt_guard      empty_gt_guard_collate for train_dataloader (only
 #                       when it names no collate_fn; never val/test)
 #   empty_gt_stats      EmptyGTStatsHook: per-rank empty-GT counts in logs
+#   finite_predictions  FinitePredictionsHook: NaN/inf predictions are scored
+#                       as misses in val/test, with a warning (on by default)
 #   rank_consistency    RankConsistencyHook: fail fast on diverging ranks,
 #                       coordinated skipping of non-finite steps
 # Set any of them to None/False in your config to switch it off.
@@ -42,6 +44,7 @@ mmddp_ext_cfg = dict(
     # that are not DDP-safe.
     empty_gt_guard=dict(policy='keep'),
     empty_gt_stats=True,
+    finite_predictions=True,
     rank_consistency=dict(),
 )
 

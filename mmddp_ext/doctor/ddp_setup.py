@@ -80,6 +80,11 @@ def resolve_setup(cfg) -> DDPSetup:
     ext = ext_cfg_defaults()
     if opted_in:
         ext.update(cfg.get('mmddp_ext_cfg') or {})
+    else:  # stock Runner: even the keys on by default (finite_predictions)
+        ext = {
+            key: False if isinstance(value, bool) else None
+            for key, value in ext.items()
+        }
     wrapper_cfg = cfg.get('model_wrapper_cfg')
     top_flag = cfg.get('find_unused_parameters', None)
     if wrapper_cfg is None and ext['auto_ddp']:

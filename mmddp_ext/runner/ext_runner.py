@@ -30,6 +30,7 @@ EXT_CFG_DEFAULTS = dict(
     checkpoint_conflict=None,
     empty_gt_guard=None,
     empty_gt_stats=False,
+    finite_predictions=True,
     rank_consistency=None,
 )
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
@@ -82,8 +83,8 @@ class ExtRunner(Runner):
       with ``weights_only=False`` if the safe load refuses them (files from
       stock MMEngine). Defaults to ``[]``.
     - mmddp_ext_cfg (dict): Which parts of the stack to switch on; the
-      keys, all off by default (``configs/_base_/mmddp_ext.py`` turns them
-      on):
+      keys, all off by default but ``finite_predictions``
+      (``configs/_base_/mmddp_ext.py`` turns them on):
 
       - auto_ddp (bool): ``model_wrapper_cfg`` defaults to
         ``dict(type='AutoDDP')``; a top-level ``find_unused_parameters``
@@ -94,6 +95,13 @@ class ExtRunner(Runner):
         ``empty_gt_guard_collate``, used as ``train_dataloader.collate_fn``
         when the train dataloader names no collate function.
       - empty_gt_stats (bool): register ``EmptyGTStatsHook``.
+      - finite_predictions (bool): register ``FinitePredictionsHook``, so
+        that predictions with NaN/inf boxes or scores are scored as misses
+        in validation and testing (a diverged or uninitialised model
+        scores mAP 0, not the mAP above 0 that COCO evaluation gives NaN
+        boxes) and a warning says how many there were. Defaults to True
+        (the only key on without the base file: it changes no finite
+        prediction).
       - rank_consistency (dict | None): keyword arguments of
         ``RankConsistencyHook``.
     """
@@ -240,6 +248,15 @@ class ExtRunner(Runner):
                            dict(policy=ext['checkpoint_conflict'])))
         if ext['empty_gt_stats']:
             wanted.append(('EmptyGTStatsHook', {}))
+        if not isinstance(ext['finite_predictions'], bool):
+            raise TypeError(
+                'mmddp_ext_cfg.finite_predictions must be True (score '
+                'non-finite predictions as misses) or False (stock '
+                'evaluation), but got '
+                f'{ext["finite_predictions"]!r} '
+                f'({type(ext["finite_predictions"]).__name__}).')
+        if ext['finite_predictions']:
+            wanted.append(('FinitePredictionsHook', {}))
         if ext['rank_consistency'] is not None:
             wanted.append(('RankConsistencyHook',
                            dict(ext['rank_consistency'])))

@@ -69,6 +69,7 @@ def test_resolved_setup_stock_and_opt_in():
         'MMDistributedDataParallel', False, False)
     assert stock.collate['type'] == 'pseudo_collate'
     assert stock.checkpoint_policy is None and not stock.rank_consistency
+    assert not any(stock.ext_cfg.values())  # finite_predictions too
 
     opt_in = resolve_setup(_cfg(OPT_IN))
     assert (opt_in.wrapper, opt_in.find_unused, opt_in.opted_in) == (
@@ -76,6 +77,7 @@ def test_resolved_setup_stock_and_opt_in():
     assert opt_in.collate['type'] == 'empty_gt_guard_collate'
     assert opt_in.checkpoint_policy == 'non_reentrant'
     assert opt_in.rank_consistency
+    assert opt_in.ext_cfg['finite_predictions'] is True
 
     explicit = resolve_setup(_cfg(OPT_IN, find_unused_parameters=True))
     assert (explicit.wrapper, explicit.find_unused) == ('AutoDDP', True)
