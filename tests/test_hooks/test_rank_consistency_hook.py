@@ -337,9 +337,7 @@ def test_same_model_on_plain_mmengine_fails_later_and_unrelated(
     overrides = _overrides(
         'DINOHeadExtraKeyOnRank1',
         model_wrapper_cfg=STOCK_DDP,
-        # Plain MMEngine: none of the stack's hooks. (With
-        # CheckpointConflictHook on and this hook off, the run hangs
-        # instead; not understood yet, see the round's closing note.)
+        # Plain MMEngine: none of the stack's hooks.
         **{'mmddp_ext_cfg.empty_gt_stats': False,
            'mmddp_ext_cfg.checkpoint_conflict': None})
     with pytest.raises(MultiRankError) as info:
