@@ -114,7 +114,7 @@ def _optimizer_steps(ckpt):
 
 def test_resume_after_kill_continues(synthetic_root, tmp_path):
     work_dir = str(tmp_path / 'work')
-    iters = 12
+    iters = 8
     cmd = ['bash', osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), TINY_CONFIG,
            '2', '--work-dir', work_dir, '--cfg-options',
            *data_options(synthetic_root), *tiny_options(iters, ckpt_every=2)]
