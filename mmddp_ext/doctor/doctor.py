@@ -40,6 +40,19 @@ def _run_probe(cfg, nproc: int, iters: int, gradient_check_on: bool,
             'OMP_NUM_THREADS', '1')))
 
 
+def probe_failure_summary(text: str) -> str:
+    """One line on a failed probe run (``text``: the ``MultiRankError``):
+    the first rank's error, or, for a timeout, the option to raise."""
+    first = text.splitlines()[0] if text else 'no output'
+    if 'timed out' in first:
+        return f'the probe failed: {first} (on a busy machine, raise --timeout)'
+    errors = [
+        line.split(': ', 1)[1] for line in text.splitlines()
+        if line.startswith('===== rank ') and ': ' in line
+    ]
+    return f'the probe failed: {first}' + (f': {errors[0]}' if errors else '')
+
+
 def _dynamic(report: DoctorReport, cfg, setup, trainable: List[str],
              iters: int, gradients: bool, timeout: float) -> None:
     from ..testing import MultiRankError
@@ -49,8 +62,7 @@ def _dynamic(report: DoctorReport, cfg, setup, trainable: List[str],
         text = str(error)
         report.add([
             Check('dynamic', 'runs on every rank', BLOCKER,
-                  'the probe failed: ' + text.splitlines()[0] +
-                  ' (on a busy machine, raise --timeout)',
+                  probe_failure_summary(text),
                   on_gpus='see the rank logs in details.',
                   details=dict(log=text[-6000:]))
         ])

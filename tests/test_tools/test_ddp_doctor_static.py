@@ -182,3 +182,18 @@ def test_usage_prediction_per_wrapper(wrapper, find_unused, verdict, text):
         assert (check.details['iteration'], check.details['rank']) == (1, 1)
         assert check.details['parameters'] == ['head.w']
         assert any('DDPSafeDINOHead' in line for line in check.fix)
+
+
+def test_probe_failure_names_the_rank_error_or_the_timeout():
+    from mmddp_ext.doctor.doctor import probe_failure_summary
+    failed = ('2-rank run of probe_rank rank(s) [0, 1] failed\n\n'
+              '===== rank 0: ValueError: the train dataset has no image '
+              'with a box\nTraceback ...\n\n===== rank 1: ValueError: x\n')
+    assert probe_failure_summary(failed) == (
+        'the probe failed: 2-rank run of probe_rank rank(s) [0, 1] failed: '
+        'ValueError: the train dataset has no image with a box')
+    timed_out = ('2-rank run of probe_rank timed out after 600s\n\n'
+                 '===== rank 0: no result (exit code -9)\n')
+    summary = probe_failure_summary(timed_out)
+    assert summary.endswith('(on a busy machine, raise --timeout)')
+    assert 'no result' not in summary
