@@ -197,3 +197,33 @@ def test_probe_failure_names_the_rank_error_or_the_timeout():
     summary = probe_failure_summary(timed_out)
     assert summary.endswith('(on a busy machine, raise --timeout)')
     assert 'no result' not in summary
+
+
+def test_checkpointing_conflict_is_a_blocker_only_without_the_hook():
+    """with_cp=True and find_unused_parameters=True: blocker naming the
+    modules for stock MMDet and for the opt-in with the hook switched off;
+    ok with the opt-in (CheckpointConflictHook's default policy)."""
+    from mmdet.registry import MODELS
+    from mmengine.registry import DefaultScope
+
+    from mmddp_ext.doctor import resolve_setup
+    from mmddp_ext.doctor.static_config import check_checkpointing
+    verdicts = {}
+    for name, path, extra in (
+        ('stock', STOCK_MODEL, {}),
+        ('opt-in', OPT_IN, {}),
+        ('opt-in, hook off', OPT_IN,
+         {'mmddp_ext_cfg.checkpoint_conflict': None}),
+    ):
+        cfg = _cfg(path, find_unused_parameters=True,
+                   **{'model.backbone.with_cp': True}, **extra)
+        with DefaultScope.overwrite_default_scope('mmdet'):
+            model = MODELS.build(cfg.model)
+        check = check_checkpointing(resolve_setup(cfg), model)
+        verdicts[name] = check.verdict
+        assert 'backbone.layer1.0' in check.details['modules'], name
+        if check.verdict == 'blocker':
+            assert 'ready only once' in check.on_gpus, name
+            assert 'model.backbone.with_cp=False' in ' '.join(check.fix)
+    assert verdicts == {'stock': 'blocker', 'opt-in': 'ok',
+                        'opt-in, hook off': 'blocker'}
