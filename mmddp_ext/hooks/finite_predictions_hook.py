@@ -145,6 +145,7 @@ class FinitePredictionsHook(Hook):
             counts['affected_images'] += affected
 
     def _correct_set(self, predictions) -> bool:
+        checked = {}  # the per-instance fields and their values
         finite = None
         for name in self.fields:
             value = predictions.get(name)
@@ -153,6 +154,7 @@ class FinitePredictionsHook(Hook):
                 continue
             if finite is not None and len(rows) != len(finite):
                 return False  # not per-instance data after all
+            checked[name] = value
             finite = rows if finite is None else finite & rows
         if finite is None:
             return False
@@ -162,14 +164,12 @@ class FinitePredictionsHook(Hook):
         if not num_bad:
             return False
         self._counts['non_finite'] += num_bad
-        for name in self.fields:
-            value = predictions.get(name)
-            if value is not None and _rows_finite(value) is not None:
-                zeroed = _zeroed(value, bad)
-                if isinstance(predictions, dict):
-                    predictions[name] = zeroed
-                else:
-                    setattr(predictions, name, zeroed)
+        for name, value in checked.items():
+            zeroed = _zeroed(value, bad)
+            if isinstance(predictions, dict):
+                predictions[name] = zeroed
+            else:
+                setattr(predictions, name, zeroed)
         return True
 
     def _patch(self, loop) -> None:
