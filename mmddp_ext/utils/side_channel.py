@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from mmengine.logging import print_log
 
+from .dist_env import release_gloo_work_before_exit
+
 STORE_PREFIX = 'mmddp_ext/side'
 # Channels opened per name in this process: every rank opens them in the
 # same order, so the count gives each one store keys of its own.
@@ -37,7 +39,9 @@ def default_group_timeout() -> Optional[datetime.timedelta]:
 
 def _new_gloo_group():
     """A gloo group of every rank, with the default group's timeout."""
-    return dist.new_group(backend='gloo', timeout=default_group_timeout())
+    group = dist.new_group(backend='gloo', timeout=default_group_timeout())
+    release_gloo_work_before_exit()
+    return group
 
 
 class SideChannel:
