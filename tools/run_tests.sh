@@ -4,4 +4,12 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash tools/setup_env.sh
-exec "${PYTHON:-python3}" -m pytest tests -ra --durations=15 "$@"
+# Two pytest workers, each taking whole test files (module fixtures run
+# once): a multi-rank test leaves cores idle while its ranks wait on each
+# other or its launcher starts them. PYTEST_WORKERS=0 runs in one process.
+WORKERS="${PYTEST_WORKERS:-2}"
+PARALLEL=()
+if [ "$WORKERS" != 0 ]; then
+    PARALLEL=(-n "$WORKERS" --dist loadfile)
+fi
+exec "${PYTHON:-python3}" -m pytest tests -ra --durations=15 "${PARALLEL[@]}" "$@"

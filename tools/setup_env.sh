@@ -14,7 +14,8 @@
 #   mmdet 3.3.0, pycocotools    mmcv is built from the PyPI sdist with
 #                               MMCV_WITH_OPS=1 when no wheel installs; pip
 #                               caches the built wheel for the next run
-#   pytest, pytest-timeout      (requirements/tests.txt)
+#   pytest, pytest-timeout,     (requirements/tests.txt)
+#   pytest-xdist
 #   mmddp_ext itself            editable install of this checkout
 set -euo pipefail
 
@@ -86,7 +87,7 @@ else
     "${PIP[@]}" "mmdet==$(pinned mmdet)" pycocotools
 fi
 
-if has_dist pytest && has_dist pytest-timeout; then
+if has_dist pytest && has_dist pytest-timeout && has_dist pytest-xdist; then
     say "test tools present"
 else
     say "installing test tools"
