@@ -184,16 +184,18 @@ def release_gloo_work_before_exit() -> None:
 
     Every gloo collective keeps the calling thread's state, which holds a
     Python object, and the worker thread that ran it often drops the last
-    reference just after the caller saw it complete. When that happens
-    while the interpreter finalises (a script that ends right after its
-    last collective: a summary ``all_gather_object``, a barrier, DDP's
-    last all-reduce), the worker cannot take the GIL, Python ends the
-    thread, and C++ aborts the process: ``terminate called without an
-    active exception``, SIGABRT, exit code -6 after training finished.
+    reference just after the caller saw it complete, for which it needs
+    the GIL. When the main thread keeps the GIL from then until the
+    interpreter finalises (a script that ends right after its last
+    collective: a summary ``all_gather_object``, a barrier, DDP's last
+    all-reduce), the worker gets the GIL only during finalisation, Python
+    ends the thread, and C++ aborts the process: ``terminate called
+    without an active exception``, SIGABRT, exit code -6 after training
+    finished.
     ``destroy_process_group`` does not help, because gloo joins its
     threads only when the last reference to the group goes, and DDP still
-    holds one. Measured on 2 gloo ranks under torchrun, this happens in
-    about one exit in twenty.
+    holds one. Measured in a 2-rank loop under torchrun: 9 aborts in about
+    190 runs without this, none in 100 with it.
 
     The fix is an exit handler that waits :data:`GLOO_EXIT_GRACE_S`
     seconds (``MMDDP_EXT_GLOO_EXIT_GRACE_S`` overrides it) with the GIL
