@@ -12,4 +12,5 @@ PARALLEL=()
 if [ "$WORKERS" != 0 ]; then
     PARALLEL=(-n "$WORKERS" --dist loadfile)
 fi
-exec "${PYTHON:-python3}" -m pytest tests -ra --durations=15 "${PARALLEL[@]}" "$@"
+exec "${PYTHON:-python3}" -m pytest tests -ra --durations=15 \
+    "${PARALLEL[@]}" "$@"

@@ -8,8 +8,8 @@ worker thread finishes the all-reduce and waits for the GIL to drop it, as
 when a script ends right after a collective. It gets the GIL either in
 mmddp_ext's exit grace (the interpreter is whole) or, with the grace off,
 once Python finalises: a finaliser keeps finalisation going, with the GIL
-released, until rank 1 reports the all-reduce done and a little longer. Rank 1 leaves with ``os._exit`` so that only rank 0's exit
-is under test.
+released, until rank 1 reports the all-reduce done and a little longer.
+Rank 1 leaves with ``os._exit`` so that only rank 0's exit is under test.
 """
 import atexit
 import os
