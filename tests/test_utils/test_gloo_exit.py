@@ -1,28 +1,31 @@
 """A rank exits cleanly while gloo's worker threads still hold a finished
 collective (``release_gloo_work_before_exit``).
 
-Without the exit grace the same scenario aborts the process the way users
-saw it in runs that had finished training: ``terminate called without an
-active exception`` and SIGABRT. Both pairs of ranks are plain processes,
-not torchrun, so nothing kills or hides a rank; they run side by side.
+The abort it prevents ("terminate called without an active exception",
+SIGABRT after training finished) depends on thread timing: in a 2-rank
+loop under torchrun it hit 9 of about 190 exits without the grace and 0 of
+100 with it (README, "CPU or GPU launch"). Within a test's time it cannot
+be produced on demand, so the negative control here is on the mechanism:
+without the grace, nothing runs between the last Python code and the
+interpreter's finalisation with the GIL released.
 """
 import os
 import os.path as osp
-import signal
 import subprocess
 import sys
+import threading
 import time
 
 from mmddp_ext.testing import free_port, kill_process_tree
-from mmddp_ext.utils.dist_env import GLOO_EXIT_GRACE_ENV
+from mmddp_ext.utils import dist_env
 from ..helpers import REPO_ROOT
 
 SCRIPT = osp.join(osp.dirname(osp.abspath(__file__)), 'gloo_exit_rank.py')
-# Quiet machine: about 12 s for both pairs (imports); 3x and more.
+# Quiet machine: about 10 s (imports); 3x and more.
 TIMEOUT = 90
 
 
-def start_pair(grace: str, log_dir: str):
+def test_a_rank_exits_cleanly_with_a_collective_finishing_at_exit(tmp_path):
     port = free_port()
     procs = []
     for rank in (0, 1):
@@ -35,45 +38,60 @@ def start_pair(grace: str, log_dir: str):
             MASTER_ADDR='127.0.0.1',
             MASTER_PORT=str(port),
             OMP_NUM_THREADS='1',
-            PYTHONPATH=REPO_ROOT,
-            **{GLOO_EXIT_GRACE_ENV: grace})
-        log = open(osp.join(log_dir, f'grace{grace}_rank{rank}.log'), 'w')
+            PYTHONPATH=REPO_ROOT)
+        log = open(tmp_path / f'rank{rank}.log', 'w')
         procs.append((subprocess.Popen([sys.executable, SCRIPT], env=env,
                                        stdout=log, stderr=subprocess.STDOUT,
                                        cwd=REPO_ROOT), log))
-    return procs
-
-
-def finish(procs, deadline: float):
+    deadline = time.monotonic() + TIMEOUT
     codes, texts = [], []
-    for proc, log in procs:
+    for rank, (proc, log) in enumerate(procs):
         try:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             kill_process_tree(proc.pid)
             proc.wait()
         log.close()
-        with open(log.name) as f:
-            texts.append(f.read())
+        texts.append((tmp_path / f'rank{rank}.log').read_text())
         codes.append(proc.returncode)
-    return codes, texts
-
-
-def test_a_rank_exits_cleanly_with_gloo_work_finishing(tmp_path):
-    deadline = time.monotonic() + TIMEOUT
-    with_grace = start_pair('3', str(tmp_path))
-    without = start_pair('0', str(tmp_path))
-    codes, texts = finish(with_grace, deadline)
-    off_codes, off_texts = finish(without, deadline)
-    assert time.monotonic() < deadline, 'a rank hung'
-    # Every rank of both pairs got as far as the collective.
-    for text in (texts[0], off_texts[0]):
-        assert 'rank 0: leaving with an all-reduce in flight' in text, text
-    for text in (texts[1], off_texts[1]):
-        assert 'rank 1: all-reduce done (2)' in text, text
-    # The mechanism: rank 0 exits 0, both ranks.
+    assert 'rank 0: exit grace registered: True' in texts[0], texts[0]
+    assert 'rank 0: leaving with an all-reduce in flight' in texts[0]
+    assert 'rank 1: all-reduce done (2)' in texts[1], texts[1]
     assert codes == [0, 0], texts
-    # Negative control: the grace off, rank 0 aborts at exit.
-    assert off_codes[1] == 0, off_texts[1]
-    assert off_codes[0] == -signal.SIGABRT, off_texts[0]
-    assert 'terminate called without an active exception' in off_texts[0]
+    assert 'terminate called' not in texts[0]
+
+
+def _gil_released_during(call) -> int:
+    """How often a Python thread ran while ``call()`` ran."""
+    runs, stop = [0], threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            runs[0] += 1
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    time.sleep(0.05)  # started and sleeping
+    before = runs[0]
+    call()
+    during = runs[0] - before
+    stop.set()
+    thread.join()
+    return during
+
+
+def test_the_exit_grace_releases_the_gil_and_off_does_not(monkeypatch):
+    registered = []
+    monkeypatch.setattr(dist_env, '_exit_grace_registered', False)
+    monkeypatch.setattr(dist_env.atexit, 'register', registered.append)
+    dist_env.release_gloo_work_before_exit()
+    dist_env.release_gloo_work_before_exit()
+    assert registered == [dist_env._gloo_exit_grace]  # once per process
+    assert dist_env.GLOO_EXIT_GRACE_S > 0
+    monkeypatch.delenv(dist_env.GLOO_EXIT_GRACE_ENV, raising=False)
+    assert _gil_released_during(dist_env._gloo_exit_grace) >= 10
+    # Negative control: switched off, the handler gives other threads no
+    # time before finalisation.
+    monkeypatch.setenv(dist_env.GLOO_EXIT_GRACE_ENV, '0')
+    assert _gil_released_during(dist_env._gloo_exit_grace) <= 1
