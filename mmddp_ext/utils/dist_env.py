@@ -167,13 +167,33 @@ def check_launch_environment(launcher: str,
             level=30)
 
 
+def gloo_exit_grace_s() -> float:
+    """The exit grace in seconds: ``MMDDP_EXT_GLOO_EXIT_GRACE_S`` when set,
+    else :data:`GLOO_EXIT_GRACE_S`.
+
+    Raises:
+        ValueError: The variable is set but is not a number >= 0. Raised
+            when the grace is registered, at process-group creation, so a
+            typo stops the run before training rather than at its exit.
+    """
+    value = os.environ.get(GLOO_EXIT_GRACE_ENV, '').strip()
+    if not value:
+        return GLOO_EXIT_GRACE_S
+    try:
+        grace = float(value)
+    except ValueError:
+        grace = -1.0
+    if not grace >= 0:  # also refuses nan
+        raise ValueError(
+            f'{GLOO_EXIT_GRACE_ENV}={value!r} is not a number of seconds '
+            f'>= 0. Set it to e.g. {GLOO_EXIT_GRACE_S} (the default), or '
+            '0 to switch the gloo exit grace off.')
+    return grace
+
+
 def _gloo_exit_grace() -> None:
     """The atexit handler of :func:`release_gloo_work_before_exit`."""
-    value = os.environ.get(GLOO_EXIT_GRACE_ENV, '')
-    try:
-        grace = float(value) if value.strip() else GLOO_EXIT_GRACE_S
-    except ValueError:
-        grace = GLOO_EXIT_GRACE_S
+    grace = gloo_exit_grace_s()
     if grace > 0:
         time.sleep(grace)
 
@@ -202,8 +222,12 @@ def release_gloo_work_before_exit() -> None:
     released, while the interpreter is still whole, so those threads can
     finish. It is registered once per process, by whatever creates a gloo
     group here (the default group, side groups).
+
+    Raises:
+        ValueError: ``MMDDP_EXT_GLOO_EXIT_GRACE_S`` is not a number >= 0.
     """
     global _exit_grace_registered
+    gloo_exit_grace_s()  # a malformed override fails here, not at exit
     if not _exit_grace_registered:
         atexit.register(_gloo_exit_grace)
         _exit_grace_registered = True

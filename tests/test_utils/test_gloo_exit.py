@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from mmddp_ext.testing import free_port, kill_process_tree
 from mmddp_ext.utils import dist_env
 from ..helpers import REPO_ROOT
@@ -95,3 +97,19 @@ def test_the_exit_grace_releases_the_gil_and_off_does_not(monkeypatch):
     # time before finalisation.
     monkeypatch.setenv(dist_env.GLOO_EXIT_GRACE_ENV, '0')
     assert _gil_released_during(dist_env._gloo_exit_grace) <= 1
+
+
+@pytest.mark.parametrize('value', ['0.2s', 'abc', '-1', 'nan'])
+def test_a_malformed_grace_fails_at_registration_not_at_exit(
+        monkeypatch, value):
+    registered = []
+    monkeypatch.setattr(dist_env, '_exit_grace_registered', False)
+    monkeypatch.setattr(dist_env.atexit, 'register', registered.append)
+    monkeypatch.setenv(dist_env.GLOO_EXIT_GRACE_ENV, value)
+    with pytest.raises(ValueError, match='MMDDP_EXT_GLOO_EXIT_GRACE_S'):
+        dist_env.release_gloo_work_before_exit()
+    assert registered == []
+    for good, seconds in (('', dist_env.GLOO_EXIT_GRACE_S), ('0', 0.0),
+                          (' 1.5 ', 1.5)):
+        monkeypatch.setenv(dist_env.GLOO_EXIT_GRACE_ENV, good)
+        assert dist_env.gloo_exit_grace_s() == seconds
