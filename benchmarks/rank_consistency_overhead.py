@@ -14,16 +14,20 @@ Interleaving within one run cancels the load drift of a shared machine,
 which swamps differences between separate runs; 3 modes against the
 dataset's 8-iteration cycle give every mode every batch equally often,
 and every other run reverses the rotation.
-Prints the ratios of the median step times per mode (after --warmup) and
-the median time rank 0 spent inside the hook per step (fingerprint check,
-flag all-reduce, its wait at the step): wall time, which includes waiting
-for the slower rank at a check (time DDP's all-reduce would otherwise
-wait), and this thread's CPU time, the hook's own work.
+Prints the step-time ratios per mode (after --warmup), paired by batch
+(``_common.paired_ratio``: a DETR step's time depends mostly on whether
+its batch has boxes, so a ratio of medians over a mix of batches is not
+stable), and the median time rank 0 spent inside the hook per step
+(fingerprint check, flag all-reduce, its wait at the step): wall time,
+which includes waiting for the slower rank at a check (time DDP's
+all-reduce would otherwise wait), and this thread's CPU time, the hook's
+own work.
 """
 import argparse
 import time
 
-from _common import REPO_ROOT, StepTimer, make_dataset, median  # noqa
+from _common import (REPO_ROOT, StepTimer, make_dataset, median,  # noqa
+                     paired_ratio)
 
 MODES = {
     'off': dict(check_first=0, check_every=10**9, skip_nonfinite=False),
@@ -88,7 +92,7 @@ def _time_run(work_dir, data_root, iters, order):
     runner.train()
     if dist.get_rank() != 0:
         return None
-    return modes, timer.times, wall, cpu
+    return modes, timer.times, timer.batches, wall, cpu
 
 
 def main():
@@ -106,7 +110,7 @@ def main():
 
     from mmddp_ext.testing import run_on_ranks
     data_root = make_dataset()
-    steps = {name: [] for name in MODES}
+    steps = {name: ([], []) for name in MODES}  # times, batch indices
     in_wall = {name: [] for name in MODES}
     in_cpu = {name: [] for name in MODES}
     iters = args.warmup + args.cycles * CYCLE
@@ -114,27 +118,29 @@ def main():
         # Every other run reverses the rotation, so that no mode always
         # follows the same other one.
         order = list(MODES)[::1 if repeat % 2 == 0 else -1]
-        modes, times, wall, cpu = run_on_ranks(
+        modes, times, batches, wall, cpu = run_on_ranks(
             _time_run,
             2,
             args=(tempfile.mkdtemp(), data_root, iters, order),
             timeout=1800,
             env={'OMP_NUM_THREADS': '1'})[0]
-        for mode, step, w, c in list(zip(modes, times, wall,
-                                         cpu))[args.warmup:]:
-            steps[mode].append(step)
+        for mode, step, batch, w, c in list(
+                zip(modes, times, batches, wall, cpu))[args.warmup:]:
+            steps[mode][0].append(step)
+            steps[mode][1].append(batch)
             in_wall[mode].append(w)
             in_cpu[mode].append(c)
         print(
             f'repeat {repeat}: median step ' +
-            ', '.join(f'{name} {median(steps[name]) * 1e3:.1f} ms'
+            ', '.join(f'{name} {median(steps[name][0]) * 1e3:.1f} ms'
                       for name in MODES),
             flush=True)
-    off = median(steps['off'])
+    off = median(steps['off'][0])
     print('\n== RankConsistencyHook overhead (2 gloo ranks, CPU, tiny '
           'DINO, modes interleaved per iteration) ==')
     for name in ('every', 'default'):
-        print(f'{name:8s} / off: step time {median(steps[name]) / off:.3f}; '
+        ratio = paired_ratio(*steps[name], *steps['off'])
+        print(f'{name:8s} / off: step time {ratio:.3f} (paired by batch); '
               f'in the hook {median(in_wall[name]) / off * 100:.2f} % of a '
               f'step (wall), {median(in_cpu[name]) / off * 100:.2f} % (CPU)')
 
