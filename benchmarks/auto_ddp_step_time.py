@@ -150,16 +150,19 @@ def main():
             _interleaved_run, 2,
             args=(tempfile.mkdtemp(), data_root, iters, first),
             timeout=1800, env=env)[0]
+        this = {name: ([], []) for name in MODES}
         for mode, step, batch in list(zip(modes, times,
                                           batches))[args.warmup:]:
-            steps[mode][0].append(step)
-            steps[mode][1].append(batch)
+            for store in (steps, this):
+                store[mode][0].append(step)
+                store[mode][1].append(batch)
         checks += [(wall, cpu) for iteration, wall, cpu in run_checks
                    if iteration >= args.warmup]
-        print(f'repeat {repeat}: median step ' + ', '.join(
-            f'{name} {median(steps[name][0]) * 1e3:.1f} ms'
-            for name in MODES) + '; auto / hand paired by batch '
-              f"{paired_ratio(*steps['auto'], *steps['hand']):.3f}",
+        print(f'repeat {repeat} (starts with {first}): median step ' +
+              ', '.join(f'{name} {median(this[name][0]) * 1e3:.1f} ms'
+                        for name in MODES) +
+              '; auto / hand in this run, paired by batch '
+              f"{paired_ratio(*this['auto'], *this['hand']):.3f}",
               flush=True)
 
     ext = {name: ([], []) for name in EXT_VARIANTS}
