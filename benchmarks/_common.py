@@ -1,5 +1,4 @@
 """Shared helpers for the benchmark scripts (run from the repo root)."""
-import math
 import os.path as osp
 import statistics
 import sys
@@ -66,8 +65,5 @@ def paired_ratio(times_a, batches_a, times_b, batches_b):
     common = sorted(set(by_batch[0]) & set(by_batch[1]))
     if not common:
         return float('nan')
-    logs = [
-        math.log(median(by_batch[0][b]) / median(by_batch[1][b]))
-        for b in common
-    ]
-    return math.exp(sum(logs) / len(logs))
+    return statistics.geometric_mean(
+        median(by_batch[0][b]) / median(by_batch[1][b]) for b in common)

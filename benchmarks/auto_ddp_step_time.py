@@ -1,7 +1,7 @@
 """Step time of AutoDDP vs hand-configured DDP, measured side by side.
 
-    python benchmarks/auto_ddp_step_time.py [--cycles 3] [--repeats 2]
-                                            [--ext-repeats 2]
+    python benchmarks/auto_ddp_step_time.py [--cycles 4] [--repeats 2]
+                                            [--ext-repeats 1]
 
 Two measurements of tiny DINO training on 2 gloo ranks (CPU):
 
