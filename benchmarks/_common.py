@@ -1,9 +1,12 @@
 """Shared helpers for the benchmark scripts (run from the repo root)."""
+import math
 import os.path as osp
+import random
 import statistics
 import sys
 import tempfile
 import time
+from typing import Dict, List, Sequence, Tuple
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
@@ -67,3 +70,118 @@ def paired_ratio(times_a, batches_a, times_b, batches_b):
         return float('nan')
     return statistics.geometric_mean(
         median(by_batch[0][b]) / median(by_batch[1][b]) for b in common)
+
+
+# ---------------------------------------------------------------------------
+# Same-batch interleaving: each batch is trained on ``2 x len(modes)`` times
+# in a row, every mode twice in a mirrored order (A B B A, B A A B; A B C C B
+# A, B C A A C B, ...), so that every comparison is between steps on the
+# same images a few seconds apart. On a shared 2-core machine the load
+# drifts by tens of percent within a minute, and a DETR step's time depends
+# mostly on its batch (an all-empty batch is far cheaper); pairing adjacent
+# steps on the same batch cancels both, where pairing steps of the same
+# batch index one dataset cycle apart (``paired_ratio``) did not.
+
+SAME_BATCH_SAMPLER = 'BenchSameBatchSampler'
+
+
+def register_same_batch_sampler():
+    """Register :data:`SAME_BATCH_SAMPLER` in MMEngine's sampler registry
+    (call it in every rank's process, before the runner is built).
+
+    The sampler takes this rank's share of the dataset in order (as an
+    unshuffled ``DefaultSampler``) and yields every batch of ``batch_size``
+    indices ``repeats`` times in a row.
+    """
+    from mmengine.dist import get_dist_info
+    from mmengine.registry import DATA_SAMPLERS
+    from torch.utils.data import Sampler
+
+    class SameBatchSampler(Sampler):
+
+        def __init__(self, dataset, batch_size: int, repeats: int,
+                     seed=None):
+            rank, world_size = get_dist_info()
+            share = list(range(rank, len(dataset), world_size))
+            if len(share) % batch_size:
+                raise ValueError(
+                    f'{SAME_BATCH_SAMPLER}: {len(share)} images per rank is '
+                    f'not a multiple of batch_size={batch_size}; make the '
+                    'benchmark dataset a multiple of world_size x '
+                    'batch_size.')
+            self.indices = []
+            for start in range(0, len(share), batch_size):
+                self.indices += share[start:start + batch_size] * repeats
+
+        def __iter__(self):
+            return iter(self.indices)
+
+        def __len__(self):
+            return len(self.indices)
+
+        def set_epoch(self, epoch):
+            pass
+
+    DATA_SAMPLERS.register_module(
+        name=SAME_BATCH_SAMPLER, module=SameBatchSampler, force=True)
+
+
+def same_batch_overrides(modes: Sequence[str]) -> Dict:
+    """Runner config overrides that feed every batch ``2 x len(modes)``
+    times in a row (with :func:`register_same_batch_sampler`)."""
+    return {
+        'train_dataloader.sampler': dict(
+            _delete_=True,
+            type=SAME_BATCH_SAMPLER,
+            batch_size=2,
+            repeats=2 * len(modes)),
+        'train_dataloader.batch_size': 2,
+    }
+
+
+def same_batch_mode(iteration: int, modes: Sequence[str]) -> str:
+    """The mode of ``iteration``: group ``g = iteration // (2 x len(modes))``
+    trains on one batch, in the order of ``modes`` rotated by ``g`` and then
+    mirrored, so that each mode runs twice per group, each mode is first as
+    often as the others, and a mode's mean position in its group is the
+    same for every mode."""
+    size = len(modes)
+    group, slot = divmod(iteration, 2 * size)
+    order = list(modes[group % size:]) + list(modes[:group % size])
+    return (order + order[::-1])[slot]
+
+
+def same_batch_ratios(records: List[Tuple[int, str, float]], a: str,
+                      b: str, resamples: int = 2000,
+                      seed: int = 0) -> Tuple[float, float, float, int]:
+    """Step-time ratio ``a / b`` from same-batch groups.
+
+    Args:
+        records: ``(group, mode, seconds)`` per measured step.
+        a, b: The modes compared.
+
+    Returns:
+        ``(ratio, low, high, groups)``: the median over the groups of each
+        group's ``mean(a) / mean(b)``, the 5th and 95th percentiles of that
+        median over bootstrap resamples of the groups (a 90 % interval)
+        and the number of groups. The median, because a shared machine
+        now and then stalls one step for a multiple of its time, and a mean
+        follows such outliers.
+    """
+    by_group: Dict[int, Dict[str, List[float]]] = {}
+    for group, mode, seconds in records:
+        by_group.setdefault(group, {}).setdefault(mode, []).append(seconds)
+    logs = [
+        math.log(statistics.fmean(g[a]) / statistics.fmean(g[b]))
+        for g in by_group.values() if g.get(a) and g.get(b)
+    ]
+    if not logs:
+        return float('nan'), float('nan'), float('nan'), 0
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median(rng.choices(logs, k=len(logs)))
+        for _ in range(resamples))
+    low = medians[int(0.05 * (resamples - 1))]
+    high = medians[int(0.95 * (resamples - 1))]
+    return (math.exp(statistics.median(logs)), math.exp(low),
+            math.exp(high), len(logs))

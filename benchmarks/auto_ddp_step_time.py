@@ -1,43 +1,45 @@
 """Step time of AutoDDP vs hand-configured DDP, measured side by side.
 
-    python benchmarks/auto_ddp_step_time.py [--cycles 4] [--repeats 2]
+    python benchmarks/auto_ddp_step_time.py [--groups 16] [--repeats 2]
                                             [--ext-repeats 1]
 
 Two measurements of tiny DINO training on 2 gloo ranks (CPU):
 
-1. AutoDDP's cost on its fast path, interleaved per iteration. One run of
+1. AutoDDP's cost on its fast path, on the same batches. One run of
    AutoDDP on a model with nothing unused; after the probe step it is
    ``find_unused_parameters=False`` DDP, the hand-tuned configuration,
    plus AutoDDP's per-step work: the post-accumulate-grad hooks that
    record which parameters a backward used, and the end-of-backward check
-   (with its side-channel sum over the ranks). Iteration by iteration the
-   run switches between
+   (with its side-channel sum over the ranks). Each batch is trained on 4
+   times in a row, in the order auto hand hand auto or hand auto auto hand
+   (``_common.same_batch_mode``), where
      auto   that work on (as in training)
      hand   that work off (hooks emptied, no check): hand-tuned DDP
-   Interleaving within one run cancels the load drift of a shared machine,
-   which swamps differences between separate runs; the rotation gives
-   each mode every batch of the dataset's 8-iteration cycle equally often,
-   and every other run starts with the other mode.
+   so every comparison is between steps on the same images a few seconds
+   apart. That cancels the load drift of a shared machine and the step
+   time's dependence on the batch (a DETR step on an all-empty batch is
+   far cheaper), which together scattered earlier ratios by 30 % or more.
 2. AutoDDP vs ``find_unused_parameters=True`` (the usual advice) on the
    extended head (an unused ``nn.Parameter``). DDP's flag cannot change
-   inside a run, so these are separate runs in alternating order (AB BA);
-   the ratio of each pair is printed, so the spread is visible.
+   inside a run, so these are separate runs in alternating order (AB BA),
+   paired by batch index (``_common.paired_ratio``); the ratio of each
+   pair is printed, so the spread is visible.
 
-Prints the step-time ratios (after --warmup), paired by batch (see
-``_common.paired_ratio``: a DETR's step time depends mostly on whether its
-batch has boxes, so a plain ratio of medians over a mix of batches is not
-stable), and the median wall and CPU time of AutoDDP's end-of-backward
-check per step.
+Prints the AutoDDP / hand-tuned step-time ratio (median over the
+groups of 4 steps, after --warmup-groups, with a 90 % bootstrap interval),
+the median wall and CPU time of AutoDDP's end-of-backward check per step,
+and the extended-head ratio.
 """
 import argparse
 import time
 
 from _common import (REPO_ROOT, StepTimer, make_dataset, median,  # noqa
-                     paired_ratio)
+                     paired_ratio, register_same_batch_sampler,
+                     same_batch_mode, same_batch_overrides,
+                     same_batch_ratios)
 
 MODES = ('auto', 'hand')
-# Iterations per cycle of modes and batches (2 modes, 8 batches).
-CYCLE = 16
+GROUP = 2 * len(MODES)  # steps per batch
 EXT_VARIANTS = {
     'auto_ext': dict(type='AutoDDP'),
     'fup_ext': dict(type='MMDistributedDataParallel',
@@ -45,22 +47,16 @@ EXT_VARIANTS = {
 }
 
 
-def _mode_at(iteration, first):
-    """The mode of ``iteration``: alternate every iteration, and swap the
-    pairing every 8 iterations so that each mode meets every batch."""
-    index = (iteration + iteration // 8) % 2
-    return first if index == 0 else MODES[1 - MODES.index(first)]
-
-
-def _interleaved_run(work_dir, data_root, iters, first):
+def _interleaved_run(work_dir, data_root, iters):
     import torch.distributed as dist
     from mmengine.hooks import Hook
 
     from tests.helpers import build_runner
+    register_same_batch_sampler()
     runner = build_runner(work_dir, data_root, iters, {
         'model_wrapper_cfg': dict(type='AutoDDP'),
         'default_hooks.logger.interval': 1000,
-        'train_dataloader.sampler.shuffle': False,
+        **same_batch_overrides(MODES),
     })
     model = runner.model
     params = [p for _, p in model._trainable()]
@@ -84,7 +80,7 @@ def _interleaved_run(work_dir, data_root, iters, first):
         priority = 'HIGHEST'
 
         def before_train_iter(self, runner, batch_idx, data_batch=None):
-            mode = _mode_at(runner.iter, first)
+            mode = same_batch_mode(runner.iter, MODES)
             for param, hooks in zip(params, ours):
                 param._post_accumulate_grad_hooks.clear()
                 if mode == 'auto' or not model._ddp_built:
@@ -100,7 +96,7 @@ def _interleaved_run(work_dir, data_root, iters, first):
     assert model.autoddp_decision['mode'] == 'static', model.autoddp_decision
     if dist.get_rank() != 0:
         return None
-    return modes, timer.times, timer.batches, checks
+    return modes, timer.times, checks
 
 
 def _ext_run(work_dir, data_root, iters, wrapper):
@@ -124,15 +120,17 @@ def _ext_run(work_dir, data_root, iters, wrapper):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        '--cycles',
+        '--groups',
         type=int,
-        default=4,
-        help=f'measured iterations per interleaved run = cycles x {CYCLE}')
+        default=16,
+        help=f'measured batches per run, each trained on {GROUP} times')
     parser.add_argument('--repeats', type=int, default=2)
+    parser.add_argument('--warmup-groups', type=int, default=2)
     parser.add_argument('--ext-iters', type=int, default=25)
     parser.add_argument('--ext-repeats', type=int, default=1,
                         help='pairs of extended-head runs (AB BA ...)')
-    parser.add_argument('--warmup', type=int, default=8)
+    parser.add_argument('--warmup', type=int, default=8,
+                        help='unmeasured iterations of each ext-head run')
     args = parser.parse_args()
 
     import tempfile
@@ -141,29 +139,31 @@ def main():
     data_root = make_dataset()
     env = {'OMP_NUM_THREADS': '1'}
 
-    steps = {name: ([], []) for name in MODES}  # times, batch indices
-    checks = []
-    iters = args.warmup + args.cycles * CYCLE
+    records, checks = [], []  # (group, mode, seconds); (wall, cpu)
+    iters = (args.warmup_groups + args.groups) * GROUP
     for repeat in range(args.repeats):
-        first = MODES[repeat % 2]
-        modes, times, batches, run_checks = run_on_ranks(
+        modes, times, run_checks = run_on_ranks(
             _interleaved_run, 2,
-            args=(tempfile.mkdtemp(), data_root, iters, first),
+            args=(tempfile.mkdtemp(), data_root, iters),
             timeout=1800, env=env)[0]
-        this = {name: ([], []) for name in MODES}
-        for mode, step, batch in list(zip(modes, times,
-                                          batches))[args.warmup:]:
-            for store in (steps, this):
-                store[mode][0].append(step)
-                store[mode][1].append(batch)
+        skip = args.warmup_groups * GROUP
+        this = [(repeat, i // GROUP, mode, step)
+                for i, (mode, step) in enumerate(zip(modes, times))
+                if i >= skip]
+        records += this
         checks += [(wall, cpu) for iteration, wall, cpu in run_checks
-                   if iteration >= args.warmup]
-        print(f'repeat {repeat} (starts with {first}): median step ' +
-              ', '.join(f'{name} {median(this[name][0]) * 1e3:.1f} ms'
+                   if iteration >= skip]
+        ratio, low, high, groups = same_batch_ratios(
+            [(g, m, t) for _, g, m, t in this], 'auto', 'hand')
+        medians = {
+            name: median([t for _, _, m, t in this if m == name])
+            for name in MODES
+        }
+        print(f'repeat {repeat}: median step ' +
+              ', '.join(f'{name} {medians[name] * 1e3:.1f} ms'
                         for name in MODES) +
-              '; auto / hand in this run, paired by batch '
-              f"{paired_ratio(*this['auto'], *this['hand']):.3f}",
-              flush=True)
+              f'; auto / hand {ratio:.3f} [{low:.3f}, {high:.3f}] over '
+              f'{groups} batches', flush=True)
 
     ext = {name: ([], []) for name in EXT_VARIANTS}
     pair_ratios = []
@@ -183,13 +183,15 @@ def main():
                   f'{median(run[name][0]) * 1e3:7.1f} ms', flush=True)
         pair_ratios.append(paired_ratio(*run['auto_ext'], *run['fup_ext']))
 
-    hand = median(steps['hand'][0])
+    hand = median([t for _, _, m, t in records if m == 'hand'])
     wall = median([w for w, _ in checks])
     cpu = median([c for _, c in checks])
+    ratio, low, high, groups = same_batch_ratios(
+        [((run, g), m, t) for run, g, m, t in records], 'auto', 'hand')
     print('\n== AutoDDP step time (2 gloo ranks, CPU, tiny DINO) ==')
-    print('AutoDDP / hand-tuned DDP (nothing unused, interleaved per '
-          f"iteration, paired by batch): "
-          f"{paired_ratio(*steps['auto'], *steps['hand']):.3f}")
+    print('AutoDDP / hand-tuned DDP (nothing unused, same batches '
+          f'interleaved): {ratio:.3f}, 90 % interval [{low:.3f}, '
+          f'{high:.3f}] over {groups} batches')
     print(f'AutoDDP end-of-backward check: wall {wall * 1e6:.0f} us = '
           f'{wall / hand * 100:.2f} % of a hand-tuned step; CPU '
           f'{cpu * 1e6:.0f} us = {cpu / hand * 100:.3f} %')

@@ -1,43 +1,43 @@
 """Step time with RankConsistencyHook's work on vs off, side by side.
 
-    python benchmarks/rank_consistency_overhead.py [--cycles 3] [--repeats 2]
+    python benchmarks/rank_consistency_overhead.py [--groups 12]
+                                                   [--repeats 2]
 
 Runs tiny DINO training on 2 gloo ranks (CPU) with RankConsistencyHook
-registered and switches, iteration by iteration in rotation, what the hook
-does:
+registered and switches, step by step, what the hook does:
   off      nothing (its wrappers still run: a few microseconds)
   every    the consistency check and the non-finite flag all-reduce in
            every iteration (check_every=1)
   default  the default schedule after its first 10 iterations: the flag
            all-reduce every iteration, the check every 50th
-Interleaving within one run cancels the load drift of a shared machine,
-which swamps differences between separate runs; 3 modes against the
-dataset's 8-iteration cycle give every mode every batch equally often,
-and every other run reverses the rotation.
-Prints the step-time ratios per mode (after --warmup), paired by batch
-(``_common.paired_ratio``: a DETR step's time depends mostly on whether
-its batch has boxes, so a ratio of medians over a mix of batches is not
-stable), and the median time rank 0 spent inside the hook per step
-(fingerprint check, flag all-reduce, its wait at the step): wall time,
-which includes waiting for the slower rank at a check (time DDP's
-all-reduce would otherwise wait), and this thread's CPU time, the hook's
-own work.
+Each batch is trained on 6 times in a row, every mode twice in a mirrored
+rotation (off every default default every off, every default off off
+default every, ...: ``_common.same_batch_mode``), so every comparison is
+between steps on the same images a few seconds apart. That cancels the
+load drift of a shared machine and the step time's dependence on the
+batch (a DETR step on an all-empty batch is cheaper).
+Prints the step-time ratio of each mode to off (median over the
+batches, after --warmup-groups, with a 90 % bootstrap interval) and the
+median time rank 0 spent inside the hook per step (fingerprint check,
+flag all-reduce, its wait at the step): wall time, which includes waiting
+for the slower rank at a check (time DDP's all-reduce would otherwise
+wait), and this thread's CPU time, the hook's own work.
 """
 import argparse
 import time
 
 from _common import (REPO_ROOT, StepTimer, make_dataset, median,  # noqa
-                     paired_ratio)
+                     register_same_batch_sampler, same_batch_mode,
+                     same_batch_overrides, same_batch_ratios)
 
 MODES = {
     'off': dict(check_first=0, check_every=10**9, skip_nonfinite=False),
     'every': dict(check_first=0, check_every=1, skip_nonfinite=True),
     'default': dict(check_first=0, check_every=50, skip_nonfinite=True),
 }
+GROUP = 2 * len(MODES)  # steps per batch
 TIMED_METHODS = ('_check_fingerprints', '_reduce_nonfinite_flags',
                  '_nonfinite_ranks')
-# Iterations per cycle of modes and batches (3 modes, 8 batches).
-CYCLE = 24
 
 
 def _time_hook(hook, wall, cpu):
@@ -57,18 +57,19 @@ def _time_hook(hook, wall, cpu):
         setattr(hook, name, timed)
 
 
-def _time_run(work_dir, data_root, iters, order):
+def _time_run(work_dir, data_root, iters):
     import torch.distributed as dist
     from mmengine.hooks import Hook
 
     from mmddp_ext.hooks import RankConsistencyHook
     from tests.helpers import build_runner
+    register_same_batch_sampler()
     runner = build_runner(
         work_dir, data_root, iters, {
             'mmddp_ext_cfg.rank_consistency': None,
             'custom_hooks': [dict(type='RankConsistencyHook')],
             'default_hooks.logger.interval': 1000,
-            'train_dataloader.sampler.shuffle': False,
+            **same_batch_overrides(list(MODES)),
         })
     consistency = next(
         h for h in runner.hooks if isinstance(h, RankConsistencyHook))
@@ -78,7 +79,7 @@ def _time_run(work_dir, data_root, iters, order):
         priority = 'HIGHEST'  # before RankConsistencyHook decides
 
         def before_train_iter(self, runner, batch_idx, data_batch=None):
-            mode = order[runner.iter % len(order)]
+            mode = same_batch_mode(runner.iter, list(MODES))
             for key, value in MODES[mode].items():
                 setattr(consistency, key, value)
             modes.append(mode)
@@ -92,57 +93,61 @@ def _time_run(work_dir, data_root, iters, order):
     runner.train()
     if dist.get_rank() != 0:
         return None
-    return modes, timer.times, timer.batches, wall, cpu
+    return modes, timer.times, wall, cpu
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        '--cycles',
+        '--groups',
         type=int,
-        default=3,
-        help=f'measured iterations = cycles x {CYCLE}')
+        default=12,
+        help=f'measured batches per run, each trained on {GROUP} times')
     parser.add_argument('--repeats', type=int, default=2)
-    parser.add_argument('--warmup', type=int, default=12)
+    parser.add_argument('--warmup-groups', type=int, default=2)
     args = parser.parse_args()
 
     import tempfile
 
     from mmddp_ext.testing import run_on_ranks
     data_root = make_dataset()
-    steps = {name: ([], []) for name in MODES}  # times, batch indices
+    records = []  # (run, group, mode, seconds)
     in_wall = {name: [] for name in MODES}
     in_cpu = {name: [] for name in MODES}
-    iters = args.warmup + args.cycles * CYCLE
+    iters = (args.warmup_groups + args.groups) * GROUP
     for repeat in range(args.repeats):
-        # Every other run reverses the rotation, so that no mode always
-        # follows the same other one.
-        order = list(MODES)[::1 if repeat % 2 == 0 else -1]
-        modes, times, batches, wall, cpu = run_on_ranks(
+        modes, times, wall, cpu = run_on_ranks(
             _time_run,
             2,
-            args=(tempfile.mkdtemp(), data_root, iters, order),
+            args=(tempfile.mkdtemp(), data_root, iters),
             timeout=1800,
             env={'OMP_NUM_THREADS': '1'})[0]
-        for mode, step, batch, w, c in list(
-                zip(modes, times, batches, wall, cpu))[args.warmup:]:
-            steps[mode][0].append(step)
-            steps[mode][1].append(batch)
+        skip = args.warmup_groups * GROUP
+        for i, (mode, step, w, c) in enumerate(zip(modes, times, wall, cpu)):
+            if i < skip:
+                continue
+            records.append((repeat, i // GROUP, mode, step))
             in_wall[mode].append(w)
             in_cpu[mode].append(c)
+        this = [(g, m, t) for r, g, m, t in records if r == repeat]
         print(
-            f'repeat {repeat}: median step ' +
-            ', '.join(f'{name} {median(steps[name][0]) * 1e3:.1f} ms'
-                      for name in MODES),
+            f'repeat {repeat}: median step ' + ', '.join(
+                f'{name} '
+                f'{median([t for _, m, t in this if m == name]) * 1e3:.1f} ms'
+                for name in MODES) + '; / off: ' + ', '.join(
+                    f'{name} {same_batch_ratios(this, name, "off")[0]:.3f}'
+                    for name in ('every', 'default')),
             flush=True)
-    off = median(steps['off'][0])
+    off = median([t for _, _, m, t in records if m == 'off'])
+    grouped = [((r, g), m, t) for r, g, m, t in records]
     print('\n== RankConsistencyHook overhead (2 gloo ranks, CPU, tiny '
-          'DINO, modes interleaved per iteration) ==')
+          'DINO, same batches interleaved) ==')
     for name in ('every', 'default'):
-        ratio = paired_ratio(*steps[name], *steps['off'])
-        print(f'{name:8s} / off: step time {ratio:.3f} (paired by batch); '
-              f'in the hook {median(in_wall[name]) / off * 100:.2f} % of a '
-              f'step (wall), {median(in_cpu[name]) / off * 100:.2f} % (CPU)')
+        ratio, low, high, groups = same_batch_ratios(grouped, name, 'off')
+        print(f'{name:8s} / off: step time {ratio:.3f}, 90 % interval '
+              f'[{low:.3f}, {high:.3f}] over {groups} batches; in the hook '
+              f'{median(in_wall[name]) / off * 100:.2f} % of a step (wall), '
+              f'{median(in_cpu[name]) / off * 100:.2f} % (CPU)')
 
 
 if __name__ == '__main__':

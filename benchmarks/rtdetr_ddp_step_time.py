@@ -5,7 +5,7 @@
 
 Trains configs/rtdetr_tiny.py on 2 gloo ranks (CPU) on an unshuffled
 synthetic dataset where rank 1 only ever sees images without boxes, in
-alternation with:
+alternation (AB BA ...) with:
   plain  MMDistributedDataParallel(find_unused_parameters=False), which
          the DDP-safe dn group makes possible
   fup    MMDistributedDataParallel(find_unused_parameters=True), upstream
@@ -69,8 +69,13 @@ def main():
         osp.join(data_root, 'train'), num_images=4 * args.iters, empty='odd')
     make_synthetic_coco(osp.join(data_root, 'val'), num_images=2, seed=1)
     steady = {name: [] for name in VARIANTS}
+    per_repeat = []
     for repeat in range(args.repeats):
-        for name, find_unused in VARIANTS.items():
+        # Alternate the order (AB BA ...): a shared machine drifts between
+        # runs, and the first run of a session is the slowest.
+        order = list(VARIANTS.items())[::1 if repeat % 2 == 0 else -1]
+        this = {}
+        for name, find_unused in order:
             times = run_on_ranks(
                 _time_run,
                 2,
@@ -78,15 +83,18 @@ def main():
                 timeout=900,
                 env={'OMP_NUM_THREADS': '1'})[0]
             steady[name] += times[args.warmup:]
+            this[name] = median(times[args.warmup:])
             print(
                 f'repeat {repeat} {name:5s} median step '
                 f'{median(times[args.warmup:]) * 1e3:7.1f} ms',
                 flush=True)
+        per_repeat.append(this['plain'] / this['fup'])
     med = {name: median(v) for name, v in steady.items()}
     print('\n== RT-DETR-tiny DDP step time (2 gloo ranks, CPU, rank 1 '
           'never sees a box) ==')
     print(f"plain DDP / find_unused_parameters=True: "
-          f"{med['plain'] / med['fup']:.3f}")
+          f"{med['plain'] / med['fup']:.3f} (per repeat: " +
+          ', '.join(f'{r:.3f}' for r in per_repeat) + ')')
 
 
 if __name__ == '__main__':

@@ -125,6 +125,14 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
         LOCAL_WORLD_SIZE=str(world_size),
         MASTER_ADDR='127.0.0.1',
         MASTER_PORT=str(port))
+    # The fork server imported torch, and OpenMP read OMP_NUM_THREADS then;
+    # the caller's value would otherwise be ignored (two ranks with two
+    # spinning OpenMP threads each on a 2-core machine stall each other
+    # for seconds at a time).
+    threads = env.get('OMP_NUM_THREADS', '').strip()
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+        torch.set_num_threads(int(threads))
     result_path = osp.join(log_dir, f'rank{rank}.result')
     try:
         if init_group:

@@ -172,7 +172,8 @@ def gloo_exit_grace_s() -> float:
     else :data:`GLOO_EXIT_GRACE_S`.
 
     Raises:
-        ValueError: The variable is set but is not a number >= 0. Raised
+        ValueError: The variable is set but is not a finite number >= 0
+            (``inf`` would make ``time.sleep`` fail at exit). Raised
             when the grace is registered, at process-group creation, so a
             typo stops the run before training rather than at its exit.
     """
@@ -183,10 +184,10 @@ def gloo_exit_grace_s() -> float:
         grace = float(value)
     except ValueError:
         grace = -1.0
-    if not grace >= 0:  # also refuses nan
+    if not 0 <= grace < float('inf'):  # also refuses nan
         raise ValueError(
-            f'{GLOO_EXIT_GRACE_ENV}={value!r} is not a number of seconds '
-            f'>= 0. Set it to e.g. {GLOO_EXIT_GRACE_S} (the default), or '
+            f'{GLOO_EXIT_GRACE_ENV}={value!r} is not a finite number of '
+            f'seconds >= 0. Set it to e.g. {GLOO_EXIT_GRACE_S} (the default), or '
             '0 to switch the gloo exit grace off.')
     return grace
 

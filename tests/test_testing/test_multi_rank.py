@@ -19,6 +19,10 @@ def _rank_and_sum():
     return dist.get_rank(), int(os.environ['LOCAL_RANK']), value.item()
 
 
+def _threads():
+    return torch.get_num_threads()
+
+
 def _rank1_skips_collective():
     # Like a DataLoader worker: a process the rank started, which must not
     # outlive it either.
@@ -78,6 +82,17 @@ def test_run_on_ranks_returns_per_rank_results(world_size):
     results = run_on_ranks(_rank_and_sum, world_size, timeout=60)
     total = world_size * (world_size + 1) / 2
     assert results == [(r, r, total) for r in range(world_size)]
+
+
+def test_the_callers_omp_num_threads_holds_in_every_rank():
+    """The fork server imported torch under its own OMP_NUM_THREADS; each
+    rank must still run with the caller's (two values, so that at least
+    one differs from the fork server's). Before, the benchmarks' '1' was
+    ignored and 2 ranks ran 4 spinning OpenMP threads on 2 cores."""
+    for threads in (1, 3):
+        got = run_on_ranks(_threads, 2, timeout=60,
+                           env={'OMP_NUM_THREADS': str(threads)})
+        assert got == [threads, threads]
 
 
 def test_hang_fails_fast_with_every_rank_log(adopt_orphans):

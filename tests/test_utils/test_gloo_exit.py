@@ -99,7 +99,7 @@ def test_the_exit_grace_releases_the_gil_and_off_does_not(monkeypatch):
     assert _gil_released_during(dist_env._gloo_exit_grace) <= 1
 
 
-@pytest.mark.parametrize('value', ['0.2s', 'abc', '-1', 'nan'])
+@pytest.mark.parametrize('value', ['0.2s', 'abc', '-1', 'nan', 'inf'])
 def test_a_malformed_grace_fails_at_registration_not_at_exit(
         monkeypatch, value):
     registered = []
