@@ -9,6 +9,7 @@ functions here instead of branching on ``torch.cuda.is_available()``.
 import atexit
 import datetime
 import logging
+import math
 import os
 import time
 from typing import List, Optional, Tuple
@@ -184,11 +185,11 @@ def gloo_exit_grace_s() -> float:
         grace = float(value)
     except ValueError:
         grace = -1.0
-    if not 0 <= grace < float('inf'):  # also refuses nan
+    if not (math.isfinite(grace) and grace >= 0):
         raise ValueError(
             f'{GLOO_EXIT_GRACE_ENV}={value!r} is not a finite number of '
-            f'seconds >= 0. Set it to e.g. {GLOO_EXIT_GRACE_S} (the default), or '
-            '0 to switch the gloo exit grace off.')
+            f'seconds >= 0. Set it to e.g. {GLOO_EXIT_GRACE_S} (the '
+            'default), or 0 to switch the gloo exit grace off.')
     return grace
 
 
