@@ -52,10 +52,9 @@ def median(values):
 def paired_ratio(times_a, batches_a, times_b, batches_b):
     """Step-time ratio a / b, paired by batch.
 
-    A step's time depends mostly on its batch (an all-empty batch of a
-    DETR is far cheaper than one with boxes), so the median over a mix of
-    batches jumps between the cheap and the dear ones with small changes
-    of the mix and is no basis for a ratio. Here each batch index (the
+    A DETR step's time depends on its batch (its boxes set the number of
+    denoising queries and the matching work), so a ratio of medians over
+    a mix of batches moves with the mix. Here each batch index (the
     same images when the sampler does not shuffle) gets the ratio of its
     median times, and the result is the geometric mean over the batches
     that both sides trained on.
@@ -77,10 +76,10 @@ def paired_ratio(times_a, batches_a, times_b, batches_b):
 # in a row, every mode twice in a mirrored order (A B B A, B A A B; A B C C B
 # A, B C A A C B, ...), so that every comparison is between steps on the
 # same images a few seconds apart. On a shared 2-core machine the load
-# drifts by tens of percent within a minute, and a DETR step's time depends
-# mostly on its batch (an all-empty batch is far cheaper); pairing adjacent
-# steps on the same batch cancels both, where pairing steps of the same
-# batch index one dataset cycle apart (``paired_ratio``) did not.
+# drifts within a minute, and a DETR step's time depends on its batch;
+# pairing adjacent steps on the same batch cancels both, more closely than
+# pairing steps of the same batch index one dataset cycle apart
+# (``paired_ratio``).
 
 SAME_BATCH_SAMPLER = 'BenchSameBatchSampler'
 

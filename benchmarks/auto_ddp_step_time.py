@@ -17,8 +17,7 @@ Two measurements of tiny DINO training on 2 gloo ranks (CPU):
      hand   that work off (hooks emptied, no check): hand-tuned DDP
    so every comparison is between steps on the same images a few seconds
    apart. That cancels the load drift of a shared machine and the step
-   time's dependence on the batch (a DETR step on an all-empty batch is
-   far cheaper), which together scattered earlier ratios by 30 % or more.
+   time's dependence on the batch (its boxes set the denoising queries).
 2. AutoDDP vs ``find_unused_parameters=True`` (the usual advice) on the
    extended head (an unused ``nn.Parameter``). DDP's flag cannot change
    inside a run, so these are separate runs in alternating order (AB BA),

@@ -15,7 +15,7 @@ rotation (off every default default every off, every default off off
 default every, ...: ``_common.same_batch_mode``), so every comparison is
 between steps on the same images a few seconds apart. That cancels the
 load drift of a shared machine and the step time's dependence on the
-batch (a DETR step on an all-empty batch is cheaper).
+batch (its boxes set the denoising queries).
 Prints the step-time ratio of each mode to off (median over the
 batches, after --warmup-groups, with a 90 % bootstrap interval) and the
 median time rank 0 spent inside the hook per step (fingerprint check,
