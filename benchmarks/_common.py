@@ -6,7 +6,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Hashable, List, Sequence, Tuple
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
@@ -82,6 +82,7 @@ def paired_ratio(times_a, batches_a, times_b, batches_b):
 # (``paired_ratio``).
 
 SAME_BATCH_SAMPLER = 'BenchSameBatchSampler'
+SAME_BATCH_SIZE = 2  # images per rank and step
 
 
 def register_same_batch_sampler():
@@ -132,9 +133,9 @@ def same_batch_overrides(modes: Sequence[str]) -> Dict:
         'train_dataloader.sampler': dict(
             _delete_=True,
             type=SAME_BATCH_SAMPLER,
-            batch_size=2,
+            batch_size=SAME_BATCH_SIZE,
             repeats=2 * len(modes)),
-        'train_dataloader.batch_size': 2,
+        'train_dataloader.batch_size': SAME_BATCH_SIZE,
     }
 
 
@@ -150,13 +151,25 @@ def same_batch_mode(iteration: int, modes: Sequence[str]) -> str:
     return (order + order[::-1])[slot]
 
 
-def same_batch_ratios(records: List[Tuple[int, str, float]], a: str,
+def mode_medians(records: List[Tuple[Hashable, str, float]],
+                 modes: Sequence[str]) -> Dict[str, float]:
+    """The median step time of each mode in ``(group, mode, seconds)``
+    records."""
+    return {
+        name: median([seconds for _, mode, seconds in records
+                      if mode == name])
+        for name in modes
+    }
+
+
+def same_batch_ratios(records: List[Tuple[Hashable, str, float]], a: str,
                       b: str, resamples: int = 2000,
                       seed: int = 0) -> Tuple[float, float, float, int]:
     """Step-time ratio ``a / b`` from same-batch groups.
 
     Args:
-        records: ``(group, mode, seconds)`` per measured step.
+        records: ``(group, mode, seconds)`` per measured step; ``group``
+            is any key of the batch's steps (``(run, group)`` across runs).
         a, b: The modes compared.
 
     Returns:
@@ -167,7 +180,7 @@ def same_batch_ratios(records: List[Tuple[int, str, float]], a: str,
         now and then stalls one step for a multiple of its time, and a mean
         follows such outliers.
     """
-    by_group: Dict[int, Dict[str, List[float]]] = {}
+    by_group: Dict[Hashable, Dict[str, List[float]]] = {}
     for group, mode, seconds in records:
         by_group.setdefault(group, {}).setdefault(mode, []).append(seconds)
     logs = [

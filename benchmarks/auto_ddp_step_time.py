@@ -33,7 +33,7 @@ import argparse
 import time
 
 from _common import (REPO_ROOT, StepTimer, make_dataset, median,  # noqa
-                     paired_ratio, register_same_batch_sampler,
+                     mode_medians, paired_ratio, register_same_batch_sampler,
                      same_batch_mode, same_batch_overrides,
                      same_batch_ratios)
 
@@ -138,7 +138,7 @@ def main():
     data_root = make_dataset()
     env = {'OMP_NUM_THREADS': '1'}
 
-    records, checks = [], []  # (group, mode, seconds); (wall, cpu)
+    records, checks = [], []  # ((run, group), mode, seconds); (wall, cpu)
     iters = (args.warmup_groups + args.groups) * GROUP
     for repeat in range(args.repeats):
         modes, times, run_checks = run_on_ranks(
@@ -146,18 +146,14 @@ def main():
             args=(tempfile.mkdtemp(), data_root, iters),
             timeout=1800, env=env)[0]
         skip = args.warmup_groups * GROUP
-        this = [(repeat, i // GROUP, mode, step)
+        this = [(i // GROUP, mode, step)
                 for i, (mode, step) in enumerate(zip(modes, times))
                 if i >= skip]
-        records += this
+        records += [((repeat, g), m, t) for g, m, t in this]
         checks += [(wall, cpu) for iteration, wall, cpu in run_checks
                    if iteration >= skip]
-        ratio, low, high, groups = same_batch_ratios(
-            [(g, m, t) for _, g, m, t in this], 'auto', 'hand')
-        medians = {
-            name: median([t for _, _, m, t in this if m == name])
-            for name in MODES
-        }
+        ratio, low, high, groups = same_batch_ratios(this, 'auto', 'hand')
+        medians = mode_medians(this, MODES)
         print(f'repeat {repeat}: median step ' +
               ', '.join(f'{name} {medians[name] * 1e3:.1f} ms'
                         for name in MODES) +
@@ -182,11 +178,10 @@ def main():
                   f'{median(run[name][0]) * 1e3:7.1f} ms', flush=True)
         pair_ratios.append(paired_ratio(*run['auto_ext'], *run['fup_ext']))
 
-    hand = median([t for _, _, m, t in records if m == 'hand'])
+    hand = mode_medians(records, MODES)['hand']
     wall = median([w for w, _ in checks])
     cpu = median([c for _, c in checks])
-    ratio, low, high, groups = same_batch_ratios(
-        [((run, g), m, t) for run, g, m, t in records], 'auto', 'hand')
+    ratio, low, high, groups = same_batch_ratios(records, 'auto', 'hand')
     print('\n== AutoDDP step time (2 gloo ranks, CPU, tiny DINO) ==')
     print('AutoDDP / hand-tuned DDP (nothing unused, same batches '
           f'interleaved): {ratio:.3f}, 90 % interval [{low:.3f}, '

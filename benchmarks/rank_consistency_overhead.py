@@ -27,7 +27,8 @@ import argparse
 import time
 
 from _common import (REPO_ROOT, StepTimer, make_dataset, median,  # noqa
-                     register_same_batch_sampler, same_batch_mode,
+                     mode_medians, register_same_batch_sampler,
+                     same_batch_mode,
                      same_batch_overrides, same_batch_ratios)
 
 MODES = {
@@ -111,7 +112,7 @@ def main():
 
     from mmddp_ext.testing import run_on_ranks
     data_root = make_dataset()
-    records = []  # (run, group, mode, seconds)
+    records = []  # ((run, group), mode, seconds)
     in_wall = {name: [] for name in MODES}
     in_cpu = {name: [] for name in MODES}
     iters = (args.warmup_groups + args.groups) * GROUP
@@ -123,27 +124,30 @@ def main():
             timeout=1800,
             env={'OMP_NUM_THREADS': '1'})[0]
         skip = args.warmup_groups * GROUP
+        this = []  # (group, mode, seconds)
         for i, (mode, step, w, c) in enumerate(zip(modes, times, wall, cpu)):
             if i < skip:
                 continue
-            records.append((repeat, i // GROUP, mode, step))
+            this.append((i // GROUP, mode, step))
             in_wall[mode].append(w)
             in_cpu[mode].append(c)
-        this = [(g, m, t) for r, g, m, t in records if r == repeat]
-        print(
-            f'repeat {repeat}: median step ' + ', '.join(
-                f'{name} '
-                f'{median([t for _, m, t in this if m == name]) * 1e3:.1f} ms'
-                for name in MODES) + '; / off: ' + ', '.join(
-                    f'{name} {same_batch_ratios(this, name, "off")[0]:.3f}'
-                    for name in ('every', 'default')),
-            flush=True)
-    off = median([t for _, _, m, t in records if m == 'off'])
-    grouped = [((r, g), m, t) for r, g, m, t in records]
+        records += [((repeat, g), m, t) for g, m, t in this]
+        medians = mode_medians(this, MODES)
+        ratios = {
+            name: same_batch_ratios(this, name, 'off')[0]
+            for name in ('every', 'default')
+        }
+        print(f'repeat {repeat}: median step ' +
+              ', '.join(f'{name} {medians[name] * 1e3:.1f} ms'
+                        for name in MODES) + '; / off: ' +
+              ', '.join(f'{name} {ratio:.3f}'
+                        for name, ratio in ratios.items()),
+              flush=True)
+    off = mode_medians(records, MODES)['off']
     print('\n== RankConsistencyHook overhead (2 gloo ranks, CPU, tiny '
           'DINO, same batches interleaved) ==')
     for name in ('every', 'default'):
-        ratio, low, high, groups = same_batch_ratios(grouped, name, 'off')
+        ratio, low, high, groups = same_batch_ratios(records, name, 'off')
         print(f'{name:8s} / off: step time {ratio:.3f}, 90 % interval '
               f'[{low:.3f}, {high:.3f}] over {groups} batches; in the hook '
               f'{median(in_wall[name]) / off * 100:.2f} % of a step (wall), '
