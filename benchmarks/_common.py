@@ -13,6 +13,16 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 
+# Overrides for timed runs: no log line and no checkpoint inside a timed
+# step. StepTimer's after_train_iter runs after CheckpointHook's, so the
+# last step would otherwise include the final checkpoint save, several
+# times a step's time, and bias whichever mode that step had.
+TIMED_RUN_OVERRIDES = {
+    'default_hooks.logger.interval': 1000,
+    'default_hooks.checkpoint': None,
+}
+
+
 def make_dataset(num_images=32, empty=0.5):
     from mmddp_ext.testing import make_synthetic_coco
     root = tempfile.mkdtemp(prefix='mmddp_bench_')

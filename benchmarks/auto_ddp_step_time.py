@@ -32,10 +32,10 @@ and the extended-head ratio.
 import argparse
 import time
 
-from _common import (REPO_ROOT, StepTimer, make_dataset, median,  # noqa
-                     mode_medians, paired_ratio, register_same_batch_sampler,
-                     same_batch_mode, same_batch_overrides,
-                     same_batch_ratios)
+from _common import (REPO_ROOT, TIMED_RUN_OVERRIDES, StepTimer,  # noqa
+                     make_dataset, median, mode_medians, paired_ratio,
+                     register_same_batch_sampler, same_batch_mode,
+                     same_batch_overrides, same_batch_ratios)
 
 MODES = ('auto', 'hand')
 GROUP = 2 * len(MODES)  # steps per batch
@@ -54,7 +54,7 @@ def _interleaved_run(work_dir, data_root, iters):
     register_same_batch_sampler()
     runner = build_runner(work_dir, data_root, iters, {
         'model_wrapper_cfg': dict(type='AutoDDP'),
-        'default_hooks.logger.interval': 1000,
+        **TIMED_RUN_OVERRIDES,
         **same_batch_overrides(MODES),
     })
     model = runner.model
@@ -107,7 +107,7 @@ def _ext_run(work_dir, data_root, iters, wrapper):
     runner = build_runner(work_dir, data_root, iters, {
         'model.bbox_head.type': 'DINOHeadWithUnusedParam',
         'model_wrapper_cfg': wrapper,
-        'default_hooks.logger.interval': 1000,
+        **TIMED_RUN_OVERRIDES,
         'train_dataloader.sampler.shuffle': False,
     })
     timer = type('Timer', (StepTimer, Hook), {})()

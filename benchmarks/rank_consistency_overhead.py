@@ -26,7 +26,8 @@ wait), and this thread's CPU time, the hook's own work.
 import argparse
 import time
 
-from _common import (REPO_ROOT, StepTimer, make_dataset, median,  # noqa
+from _common import (REPO_ROOT, TIMED_RUN_OVERRIDES, StepTimer,  # noqa
+                     make_dataset, median,
                      mode_medians, register_same_batch_sampler,
                      same_batch_mode,
                      same_batch_overrides, same_batch_ratios)
@@ -69,7 +70,7 @@ def _time_run(work_dir, data_root, iters):
         work_dir, data_root, iters, {
             'mmddp_ext_cfg.rank_consistency': None,
             'custom_hooks': [dict(type='RankConsistencyHook')],
-            'default_hooks.logger.interval': 1000,
+            **TIMED_RUN_OVERRIDES,
             **same_batch_overrides(list(MODES)),
         })
     consistency = next(

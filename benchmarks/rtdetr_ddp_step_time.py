@@ -18,7 +18,7 @@ import importlib
 import os.path as osp
 import tempfile
 
-from _common import REPO_ROOT, StepTimer, median  # noqa
+from _common import REPO_ROOT, TIMED_RUN_OVERRIDES, StepTimer, median  # noqa
 
 CONFIG = osp.join(REPO_ROOT, 'configs', 'rtdetr_tiny.py')
 VARIANTS = {'plain': False, 'fup': True}
@@ -40,10 +40,7 @@ def _time_run(work_dir, data_root, iters, find_unused):
         dict(
             type='MMDistributedDataParallel',
             find_unused_parameters=find_unused),
-        'default_hooks.logger.interval':
-        1000,
-        'default_hooks.checkpoint':
-        None,
+        **TIMED_RUN_OVERRIDES,
         'train_dataloader.sampler.shuffle':
         False,
     })
