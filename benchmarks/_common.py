@@ -207,3 +207,37 @@ def same_batch_ratios(records: List[Tuple[Hashable, str, float]], a: str,
     high = medians[int(0.95 * (resamples - 1))]
     return (math.exp(statistics.median(logs)), math.exp(low),
             math.exp(high), len(logs))
+
+
+def det_batch(num_images, height, width, num_boxes, num_classes, seed=0):
+    """An mmdet batch (``inputs``, ``data_samples``, as the dataloader
+    gives it: uint8 images on the CPU) of random images and boxes;
+    ``num_boxes`` is a count for every image or a list, one per image."""
+    import torch
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    generator = torch.Generator().manual_seed(seed)
+    if isinstance(num_boxes, int):
+        num_boxes = [num_boxes] * num_images
+    inputs, samples = [], []
+    for count in num_boxes:
+        inputs.append(
+            torch.randint(0, 256, (3, height, width), generator=generator,
+                          dtype=torch.uint8))
+        xy = torch.rand(count, 2, generator=generator) * torch.tensor(
+            [width * 0.7, height * 0.7])
+        wh = torch.rand(count, 2, generator=generator) * torch.tensor(
+            [width * 0.3, height * 0.3]) + 8
+        sample = DetDataSample(
+            metainfo=dict(
+                img_shape=(height, width),
+                ori_shape=(height, width),
+                pad_shape=(height, width),
+                scale_factor=(1.0, 1.0),
+                batch_input_shape=(height, width)))
+        sample.gt_instances = InstanceData(
+            bboxes=torch.cat([xy, xy + wh], dim=1),
+            labels=torch.randint(
+                0, num_classes, (count, ), generator=generator))
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
