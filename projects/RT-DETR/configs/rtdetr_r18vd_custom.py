@@ -19,8 +19,7 @@ data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)
 model = dict(
-    backbone=dict(init_cfg=None),
-    bbox_head=dict(num_classes=len(classes)))
+    backbone=dict(init_cfg=None), bbox_head=dict(num_classes=len(classes)))
 train_dataloader = dict(
     dataset=dict(
         data_root=data_root,
@@ -38,4 +37,13 @@ val_evaluator = dict(ann_file=data_root + 'val/annotations.json')
 test_evaluator = val_evaluator
 max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs)
+# upstream rtdetr_r18vd_6x_coco.yml's parameter groups
+optim_wrapper = dict(
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?=.*norm).*$', lr=1e-5, weight_decay=0.),
+        dict(params='^(?=.*backbone)(?!.*norm).*$', lr=1e-5),
+        dict(
+            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bias)).*$',
+            weight_decay=0.),
+    ]))
 load_from = 'checkpoints/rtdetr_r18vd_coco_mmdet.pth'

@@ -1,0 +1,163 @@
+r"""Write ``upstream_param_groups.json``: the lr and weight decay that
+upstream RT-DETR's own optimizer code gives every trainable parameter of
+each official COCO config.
+
+    git clone https://github.com/lyuwenyu/RT-DETR /tmp/upstream/RT-DETR
+    git -C /tmp/upstream/RT-DETR checkout \
+        068dfde65f2667ad6555883c69d73de886518cad
+    python tests/test_projects/test_rtdetr/data/make_upstream_param_groups.py \
+        /tmp/upstream/RT-DETR
+
+For each config, upstream's ``YAMLConfig(yml)`` (``src/core``) reads the
+YAML with its ``__include__`` merging, ``create`` builds upstream's model
+(``PResNet``, ``HybridEncoder``, ``RTDETRTransformer(v2)``) and
+``YAMLConfig.optimizer`` calls upstream's ``get_optim_params`` and builds
+the ``AdamW``; the script then reads each parameter's group in that
+optimizer. ``PResNet.pretrained`` is set to False (no download: the
+weights do not change the groups). Only what model and optimizer
+construction never run is stubbed, when the package is missing:
+torchvision (``box_ops`` imports ``box_area``; the criterion, matcher,
+post-processor and data modules that need more of it are not imported)
+and ``torch.utils.tensorboard`` (v2 ``src/core/_config.py`` imports
+``SummaryWriter``). The package ``__init__`` files of ``src``, ``src.nn``,
+``src.zoo`` and ``src.optim`` are skipped for the same reason; the
+modules that register the model and optimizer are imported one by one.
+"""
+import argparse
+import importlib
+import importlib.util
+import json
+import os.path as osp
+import subprocess
+import sys
+import types
+
+HERE = osp.dirname(osp.abspath(__file__))
+OUTPUT = osp.join(HERE, 'upstream_param_groups.json')
+#: (tree, yml under the tree's configs/) of every official COCO model
+CONFIGS = [
+    ('rtdetr_pytorch', 'rtdetr/rtdetr_r18vd_6x_coco.yml'),
+    ('rtdetr_pytorch', 'rtdetr/rtdetr_r34vd_6x_coco.yml'),
+    ('rtdetr_pytorch', 'rtdetr/rtdetr_r50vd_m_6x_coco.yml'),
+    ('rtdetr_pytorch', 'rtdetr/rtdetr_r50vd_6x_coco.yml'),
+    ('rtdetr_pytorch', 'rtdetr/rtdetr_r101vd_6x_coco.yml'),
+    ('rtdetrv2_pytorch', 'rtdetrv2/rtdetrv2_r18vd_120e_coco.yml'),
+    ('rtdetrv2_pytorch', 'rtdetrv2/rtdetrv2_r34vd_120e_coco.yml'),
+    ('rtdetrv2_pytorch', 'rtdetrv2/rtdetrv2_r50vd_m_7x_coco.yml'),
+    ('rtdetrv2_pytorch', 'rtdetrv2/rtdetrv2_r50vd_6x_coco.yml'),
+    ('rtdetrv2_pytorch', 'rtdetrv2/rtdetrv2_r101vd_6x_coco.yml'),
+]
+MODULES = {
+    'rtdetr_pytorch': [
+        'src.optim.optim', 'src.nn.backbone.presnet',
+        'src.zoo.rtdetr.hybrid_encoder', 'src.zoo.rtdetr.rtdetr_decoder',
+        'src.zoo.rtdetr.rtdetr'
+    ],
+    'rtdetrv2_pytorch': [
+        'src.optim.optim', 'src.nn.backbone.presnet',
+        'src.zoo.rtdetr.hybrid_encoder', 'src.zoo.rtdetr.rtdetrv2_decoder',
+        'src.zoo.rtdetr.rtdetr'
+    ],
+}
+SKIPPED_INITS = [
+    'src', 'src.nn', 'src.nn.backbone', 'src.zoo', 'src.zoo.rtdetr',
+    'src.optim'
+]
+
+
+def _stub_missing(name: str, **attributes) -> None:
+    if name in sys.modules or importlib.util.find_spec(
+            name.split('.')[0]) is not None:
+        return
+    parts = name.split('.')
+    for depth in range(1, len(parts) + 1):
+        sys.modules.setdefault('.'.join(parts[:depth]),
+                               types.ModuleType('.'.join(parts[:depth])))
+    for key, value in attributes.items():
+        setattr(sys.modules[name], key, value)
+
+
+def import_tree(root: str) -> types.ModuleType:
+    """Import one upstream tree as ``src`` (its real ``src.core``) and
+    register the model and optimizer modules; returns ``src.core``."""
+    for name in [m for m in sys.modules if m == 'src' or m.startswith('src.')]:
+        del sys.modules[name]
+    sys.path.insert(0, root)
+    _stub_missing('torchvision.ops.boxes', box_area=None)
+    if importlib.util.find_spec('tensorboard') is None:
+        sys.modules['torch.utils.tensorboard'] = types.SimpleNamespace(
+            SummaryWriter=object)
+    for name in SKIPPED_INITS:
+        package = types.ModuleType(name)
+        package.__path__ = [osp.join(root, *name.split('.'))]
+        sys.modules[name] = package
+    core = importlib.import_module('src.core')
+    for name in MODULES[osp.basename(root)]:
+        importlib.import_module(name)
+    sys.path.remove(root)
+    return core
+
+
+def param_groups(core, yml: str) -> list:
+    """The trainable parameters' (upstream) names by their (lr,
+    weight_decay) in the optimizer upstream's YAMLConfig builds:
+    ``[{'lr': ..., 'weight_decay': ..., 'params': [names]}, ...]``."""
+    cfg = core.YAMLConfig(yml, PResNet=dict(pretrained=False))
+    optimizer = cfg.optimizer
+    group_of = {
+        id(param): group
+        for group in optimizer.param_groups
+        for param in group['params']
+    }
+    by_values = {}
+    for name, param in cfg.model.named_parameters():
+        if param.requires_grad:
+            group = group_of[id(param)]
+            values = (group['lr'], group['weight_decay'])
+            by_values.setdefault(values, []).append(name)
+    return [
+        dict(lr=lr, weight_decay=weight_decay, params=names)
+        for (lr, weight_decay), names in by_values.items()
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('checkout', help='a lyuwenyu/RT-DETR checkout')
+    parser.add_argument('--output', default=OUTPUT)
+    args = parser.parse_args()
+    commit = subprocess.run(['git', '-C', args.checkout, 'rev-parse', 'HEAD'],
+                            capture_output=True,
+                            text=True).stdout.strip()
+    data = dict(
+        source=dict(
+            repository='https://github.com/lyuwenyu/RT-DETR',
+            commit=commit or 'unknown (not a git checkout)',
+            code="src/core/yaml_config.py YAMLConfig.get_optim_params and "
+            'YAMLConfig.optimizer of each tree',
+            command='python tests/test_projects/test_rtdetr/data/'
+            'make_upstream_param_groups.py <RT-DETR checkout>',
+            stubbed='torchvision and torch.utils.tensorboard when missing '
+            '(imported, never called while building model and optimizer)'),
+        configs={})
+    core, loaded = None, None
+    for tree, yml in CONFIGS:
+        if tree != loaded:
+            core, loaded = import_tree(osp.join(args.checkout, tree)), tree
+        path = osp.join(args.checkout, tree, 'configs', yml)
+        groups = param_groups(core, path)
+        data['configs'][f'{tree}/configs/{yml}'] = groups
+        print(f'{tree}/configs/{yml}: ' + ', '.join(
+            f"{len(g['params'])} with lr {g['lr']}, wd {g['weight_decay']}"
+            for g in groups))
+    with open(args.output, 'w') as f:
+        json.dump(data, f, indent=1)
+        f.write('\n')
+    print(f'wrote {args.output}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
