@@ -2,6 +2,7 @@
 
 Importing this package registers its components in ``mmdet.registry``.
 """
+from .batch_choice_resize import BatchChoiceResize
 from .hybrid_encoder import HybridEncoder
 from .resnet_vd import ResNetVdRTDETR
 from .rtdetr import RTDETR
@@ -12,7 +13,7 @@ from .rtdetr_upstream_param_names import rtdetr_upstream_param_names
 from .rtdetr_varifocal_loss import RTDETRVarifocalLoss
 
 __all__ = [
-    'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR', 'RTDETRAugmentStopHook',
+    'BatchChoiceResize', 'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR', 'RTDETRAugmentStopHook',
     'RTDETRCdnQueryGenerator', 'RTDETRHead', 'RTDETRVarifocalLoss',
     'rtdetr_upstream_param_names'
 ]

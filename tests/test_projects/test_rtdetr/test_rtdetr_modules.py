@@ -219,3 +219,46 @@ def test_attention_calls_skip_the_averaged_weights():
     model(**data, mode='loss')
     # 1 AIFI layer + 2 decoder layers
     assert flags == [False] * 3
+
+
+def test_batch_choice_resize_draws_from_the_list_with_nearest():
+    """Upstream's multi-scale step: one size per batch from the list
+    (repeats weight it), nearest resizing, boxes and shapes scaled."""
+    import random
+
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    resize = import_project().BatchChoiceResize(scales=[8, 16, 16, 16])
+    image = torch.arange(2 * 3 * 4 * 4, dtype=torch.float).view(2, 3, 4, 4)
+
+    def batch():
+        samples = []
+        for _ in range(2):
+            sample = DetDataSample(
+                metainfo=dict(img_shape=(4, 4), pad_shape=(4, 4)))
+            sample.gt_instances = InstanceData(
+                bboxes=torch.tensor([[0., 1., 2., 3.]]),
+                labels=torch.tensor([0]))
+            samples.append(sample)
+        return image.clone(), samples
+
+    random.seed(0)
+    sizes = [resize(*batch())[0].shape[-1] for _ in range(400)]
+    assert set(sizes) == {8, 16}
+    assert 0.68 < sizes.count(16) / len(sizes) < 0.82  # 3 of 4 entries
+    random.seed(1)
+    out, samples = resize(*batch())
+    size = out.shape[-1]
+    torch.testing.assert_close(
+        out, torch.nn.functional.interpolate(image, size=(size, size)))
+    # nearest: every output pixel is an input pixel (bilinear would blend)
+    assert set(out.unique().tolist()) <= set(image.unique().tolist())
+    factor = size / 4
+    for sample in samples:
+        assert sample.img_shape == sample.pad_shape == (size, size)
+        assert sample.batch_input_shape == (size, size)
+        torch.testing.assert_close(
+            sample.gt_instances.bboxes,
+            torch.tensor([[0., 1., 2., 3.]]) * factor)
+    with pytest.raises(ValueError, match='non-empty list of positive ints'):
+        import_project().BatchChoiceResize(scales=(480, 800.5))

@@ -204,20 +204,20 @@ def test_m_model_predicts_from_decoder_layer_3():
     assert not torch.allclose(at_layer_3.scores, at_layer_6.scores)
 
 
-# (epochs, stop epoch of augmentation and multi-scale or None,
-# multi-scale) from upstream's configs/rtdetr*/ *.yml; the lr and weight
-# decay of every parameter: test_rtdetr_param_groups.py
+# (epochs, stop epoch of augmentation and multi-scale or None) from
+# upstream's configs/rtdetr*/ *.yml; the lr and weight decay of every
+# parameter and the multi-scale sizes: test_rtdetr_upstream_recipes.py
 RECIPES = {
-    (1, 'r18vd'): (72, None, True),
-    (1, 'r34vd'): (72, None, True),
-    (1, 'r50vd_m'): (72, None, True),
-    (1, 'r50vd'): (72, None, True),
-    (1, 'r101vd'): (72, None, True),
-    (2, 'r18vd'): (120, 117, False),
-    (2, 'r34vd'): (120, 117, True),
-    (2, 'r50vd_m'): (84, 81, True),
-    (2, 'r50vd'): (72, 71, True),
-    (2, 'r101vd'): (72, 71, True),
+    (1, 'r18vd'): (72, None),
+    (1, 'r34vd'): (72, None),
+    (1, 'r50vd_m'): (72, None),
+    (1, 'r50vd'): (72, None),
+    (1, 'r101vd'): (72, None),
+    (2, 'r18vd'): (120, 117),
+    (2, 'r34vd'): (120, 117),
+    (2, 'r50vd_m'): (84, 81),
+    (2, 'r50vd'): (72, 71),
+    (2, 'r101vd'): (72, 71),
 }
 
 
@@ -225,14 +225,10 @@ RECIPES = {
 def test_zoo_config_recipe_is_upstreams(version, name):
     from mmengine.config import Config
     cfg = Config.fromfile(osp.join(CONFIGS, ZOO_CONFIGS[(version, name)]))
-    epochs, stop_epoch, multi_scale = RECIPES[(version, name)]
+    epochs, stop_epoch = RECIPES[(version, name)]
     assert cfg.train_cfg.max_epochs == epochs
     optim = cfg.optim_wrapper
     assert cfg.sync_bn == 'torch'
-    resize = cfg.model.data_preprocessor.get('batch_augments')
-    assert bool(resize) == multi_scale
-    if multi_scale:
-        assert resize[0].random_size_range == (480, 800)
     # upstream RandomZoomOut(p=0.5): Expand's own prob, not wrapped again
     zoom = [
         t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'Expand'

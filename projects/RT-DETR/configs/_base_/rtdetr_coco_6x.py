@@ -2,7 +2,8 @@
 # (rtdetr_pytorch/configs/runtime.yml, include/dataloader.yml,
 # include/optimizer.yml, include/rtdetr_r50vd.yml): 640x640 inputs,
 # photometric distortion, zoom-out (p=0.5), IoU crop (p=0.8), flip; batch
-# scale drawn from 480-800 px (multi_scale); 4 images per GPU on 4 GPUs;
+# size drawn from upstream's multi_scale list (480-800 px, 640 three
+# times, nearest); 4 images per GPU on 4 GPUs;
 # SyncBN; AdamW lr 1e-4, weight decay 1e-4, with upstream's regex
 # parameter groups (include/optimizer.yml: backbone lr 1e-5, weight decay
 # 0 on encoder/decoder biases and norm weights), grad clip 0.1, constant

@@ -1,10 +1,10 @@
 """Every RT-DETR zoo config gives each parameter upstream's lr and weight
 decay.
 
-The expected values are ``data/upstream_param_groups.json``: the optimizer
+The expected values are ``data/upstream_recipes.json``: the optimizer
 that upstream's own ``YAMLConfig`` builds (``get_optim_params`` on
 upstream's model from upstream's YAML), written by
-``data/make_upstream_param_groups.py`` from a lyuwenyu/RT-DETR checkout
+``data/make_upstream_recipes.py`` from a lyuwenyu/RT-DETR checkout
 (source and commit inside the file). Upstream's names are mapped to the
 port's by tools/convert_rtdetr_checkpoint.py's table, the one the
 checkpoints load through; the constructor under test uses its own inverse
@@ -57,13 +57,17 @@ MMENGINE_FORM = {
 Values = Dict[str, Tuple[float, float]]
 
 
+def upstream_recipe(version: int, name: str) -> dict:
+    with open(osp.join(DATA, 'upstream_recipes.json')) as f:
+        return json.load(f)['configs'][UPSTREAM_YML[(version, name)]]
+
+
 def upstream_values(version: int, name: str) -> Values:
     """Upstream's (lr, weight decay) by the port's parameter name."""
-    with open(osp.join(DATA, 'upstream_param_groups.json')) as f:
-        groups = json.load(f)['configs'][UPSTREAM_YML[(version, name)]]
+    recipe = upstream_recipe(version, name)
     upstream = {
         param: (group['lr'], group['weight_decay'])
-        for group in groups
+        for group in recipe['param_groups']
         for param in group['params']
     }
     names = list(upstream)
@@ -174,3 +178,21 @@ def test_constructor_needs_upstream_names_for_upstream_regexes():
     paramwise.param_name_map = None
     ours = port_values(ZOO_CONFIGS[(1, 'r18vd')], paramwise_cfg=paramwise)
     assert differences(ours, upstream_values(1, 'r18vd'))
+
+
+@pytest.mark.parametrize('version,name', sorted(ZOO_CONFIGS))
+def test_multi_scale_sizes_are_upstreams(version, name):
+    """Upstream's list of sizes (640 three times), nearest resizing; v2-S
+    (``scales: ~``) trains at 640 only."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(CONFIGS, ZOO_CONFIGS[(version, name)]))
+    scales = upstream_recipe(version, name)['multi_scale']
+    augments = cfg.model.data_preprocessor.get('batch_augments')
+    if scales is None:
+        assert not augments
+        return
+    assert len(scales) == 13 and scales.count(640) == 3
+    resize, = augments
+    assert resize.type == 'BatchChoiceResize'
+    assert resize.scales == scales
+    assert resize.get('interpolation', 'nearest') == 'nearest'

@@ -1,11 +1,11 @@
-r"""Write ``upstream_param_groups.json``: the lr and weight decay that
+r"""Write ``upstream_recipes.json``: the lr and weight decay that
 upstream RT-DETR's own optimizer code gives every trainable parameter of
-each official COCO config.
+each official COCO config, and the config's multi-scale training sizes.
 
     git clone https://github.com/lyuwenyu/RT-DETR /tmp/upstream/RT-DETR
     git -C /tmp/upstream/RT-DETR checkout \
         068dfde65f2667ad6555883c69d73de886518cad
-    python tests/test_projects/test_rtdetr/data/make_upstream_param_groups.py \
+    python tests/test_projects/test_rtdetr/data/make_upstream_recipes.py \
         /tmp/upstream/RT-DETR
 
 For each config, upstream's ``YAMLConfig(yml)`` (``src/core``) reads the
@@ -33,7 +33,7 @@ import sys
 import types
 
 HERE = osp.dirname(osp.abspath(__file__))
-OUTPUT = osp.join(HERE, 'upstream_param_groups.json')
+OUTPUT = osp.join(HERE, 'upstream_recipes.json')
 #: (tree, yml under the tree's configs/) of every official COCO model
 CONFIGS = [
     ('rtdetr_pytorch', 'rtdetr/rtdetr_r18vd_6x_coco.yml'),
@@ -98,11 +98,20 @@ def import_tree(root: str) -> types.ModuleType:
     return core
 
 
-def param_groups(core, yml: str) -> list:
-    """The trainable parameters' (upstream) names by their (lr,
-    weight_decay) in the optimizer upstream's YAMLConfig builds:
-    ``[{'lr': ..., 'weight_decay': ..., 'params': [names]}, ...]``."""
+def recipe(core, yml: str) -> dict:
+    """What upstream's YAMLConfig makes of ``yml``: ``param_groups``, the
+    trainable parameters' (upstream) names by their (lr, weight_decay) in
+    the optimizer it builds (``[{'lr': ..., 'weight_decay': ...,
+    'params': [names]}, ...]``), and ``multi_scale``, the batch sizes
+    drawn from in training (v1 ``RTDETR.multi_scale``, v2
+    ``train_dataloader.collate_fn.scales``; None: single scale)."""
     cfg = core.YAMLConfig(yml, PResNet=dict(pretrained=False))
+    merged = cfg.yaml_cfg
+    collate = merged.get('train_dataloader', {}).get('collate_fn')
+    if isinstance(collate, dict):  # v2: BatchImageCollateFunction
+        multi_scale = collate.get('scales')
+    else:  # v1: the model resizes the batch
+        multi_scale = merged.get('RTDETR', {}).get('multi_scale')
     optimizer = cfg.optimizer
     group_of = {
         id(param): group
@@ -115,10 +124,11 @@ def param_groups(core, yml: str) -> list:
             group = group_of[id(param)]
             values = (group['lr'], group['weight_decay'])
             by_values.setdefault(values, []).append(name)
-    return [
+    groups = [
         dict(lr=lr, weight_decay=weight_decay, params=names)
         for (lr, weight_decay), names in by_values.items()
     ]
+    return dict(multi_scale=multi_scale, param_groups=groups)
 
 
 def main() -> int:
@@ -138,7 +148,7 @@ def main() -> int:
             code="src/core/yaml_config.py YAMLConfig.get_optim_params and "
             'YAMLConfig.optimizer of each tree',
             command='python tests/test_projects/test_rtdetr/data/'
-            'make_upstream_param_groups.py <RT-DETR checkout>',
+            'make_upstream_recipes.py <RT-DETR checkout>',
             stubbed='torchvision and torch.utils.tensorboard when missing '
             '(imported, never called while building model and optimizer)'),
         configs={})
@@ -147,11 +157,11 @@ def main() -> int:
         if tree != loaded:
             core, loaded = import_tree(osp.join(args.checkout, tree)), tree
         path = osp.join(args.checkout, tree, 'configs', yml)
-        groups = param_groups(core, path)
-        data['configs'][f'{tree}/configs/{yml}'] = groups
-        print(f'{tree}/configs/{yml}: ' + ', '.join(
-            f"{len(g['params'])} with lr {g['lr']}, wd {g['weight_decay']}"
-            for g in groups))
+        data['configs'][f'{tree}/configs/{yml}'] = found = recipe(core, path)
+        print(f'{tree}/configs/{yml}: multi-scale {found["multi_scale"]}; ' +
+              ', '.join(f"{len(g['params'])} with lr {g['lr']}, "
+                        f"wd {g['weight_decay']}"
+                        for g in found['param_groups']))
     with open(args.output, 'w') as f:
         json.dump(data, f, indent=1)
         f.write('\n')
