@@ -1,6 +1,9 @@
 r"""Write ``upstream_recipes.json``: the lr and weight decay that
 upstream RT-DETR's own optimizer code gives every trainable parameter of
-each official COCO config, and the config's multi-scale training sizes.
+each official COCO config, and the config's multi-scale training sizes;
+and ``upstream_dn_draws.json``: what upstream's
+``get_contrastive_denoising_training_group`` returns for the inputs
+recorded in that file (``DN_INPUTS``), seeded, label and box noise on.
 
     git clone https://github.com/lyuwenyu/RT-DETR /tmp/upstream/RT-DETR
     git -C /tmp/upstream/RT-DETR checkout \
@@ -34,6 +37,23 @@ import types
 
 HERE = osp.dirname(osp.abspath(__file__))
 OUTPUT = osp.join(HERE, 'upstream_recipes.json')
+DN_OUTPUT = osp.join(HERE, 'upstream_dn_draws.json')
+#: Inputs of the denoising draw: two images (h, w) with xyxy pixel boxes,
+#: the generator's settings and the torch seed.
+DN_INPUTS = dict(
+    seed=0,
+    num_classes=3,
+    num_queries=5,
+    num_denoising=4,
+    label_noise_ratio=1.0,
+    box_noise_scale=1.0,
+    images=[
+        dict(
+            img_shape=[10, 20],
+            bboxes=[[2., 1., 6., 5.], [10., 2., 18., 9.]],
+            labels=[0, 1]),
+        dict(img_shape=[10, 20], bboxes=[[0., 0., 20., 10.]], labels=[2]),
+    ])
 #: (tree, yml under the tree's configs/) of every official COCO model
 CONFIGS = [
     ('rtdetr_pytorch', 'rtdetr/rtdetr_r18vd_6x_coco.yml'),
@@ -131,6 +151,39 @@ def recipe(core, yml: str) -> dict:
     return dict(multi_scale=multi_scale, param_groups=groups)
 
 
+def dn_draws() -> dict:
+    """Upstream's denoising group for ``DN_INPUTS`` (in the tree that
+    :func:`import_tree` imported): noisy labels (the class embedding is
+    the identity, so each query's label is its argmax), boxes as upstream
+    returns them (inverse sigmoid), the attention mask and ``dn_meta``."""
+    import torch
+    denoising = importlib.import_module('src.zoo.rtdetr.denoising')
+    targets = []
+    for image in DN_INPUTS['images']:
+        height, width = image['img_shape']
+        x1, y1, x2, y2 = torch.tensor(image['bboxes']).unbind(-1)
+        boxes = torch.stack([(x1 + x2) / 2 / width, (y1 + y2) / 2 / height,
+                             (x2 - x1) / width, (y2 - y1) / height], -1)
+        targets.append(dict(labels=torch.tensor(image['labels']), boxes=boxes))
+    classes = DN_INPUTS['num_classes']
+    one_hot = torch.nn.Embedding(classes + 1, classes + 1)
+    one_hot.weight.data = torch.eye(classes + 1)
+    torch.manual_seed(DN_INPUTS['seed'])
+    logits, boxes, attn_mask, meta = \
+        denoising.get_contrastive_denoising_training_group(
+            targets, classes, DN_INPUTS['num_queries'], one_hot,
+            num_denoising=DN_INPUTS['num_denoising'],
+            label_noise_ratio=DN_INPUTS['label_noise_ratio'],
+            box_noise_scale=DN_INPUTS['box_noise_scale'])
+    return dict(
+        labels=logits.argmax(-1).tolist(),
+        boxes=boxes.tolist(),
+        attn_mask=attn_mask.int().tolist(),
+        dn_num_group=meta['dn_num_group'],
+        dn_num_split=list(meta['dn_num_split']),
+        dn_positive_idx=[idx.tolist() for idx in meta['dn_positive_idx']])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
@@ -153,19 +206,29 @@ def main() -> int:
             '(imported, never called while building model and optimizer)'),
         configs={})
     core, loaded = None, None
+    draws = dict(
+        source=dict(
+            data['source'],
+            code='src/zoo/rtdetr/'
+            'denoising.py get_contrastive_denoising_'
+            'training_group of each tree'),
+        inputs=DN_INPUTS,
+        trees={})
     for tree, yml in CONFIGS:
         if tree != loaded:
             core, loaded = import_tree(osp.join(args.checkout, tree)), tree
+            draws['trees'][tree] = dn_draws()
         path = osp.join(args.checkout, tree, 'configs', yml)
         data['configs'][f'{tree}/configs/{yml}'] = found = recipe(core, path)
         print(f'{tree}/configs/{yml}: multi-scale {found["multi_scale"]}; ' +
               ', '.join(f"{len(g['params'])} with lr {g['lr']}, "
                         f"wd {g['weight_decay']}"
                         for g in found['param_groups']))
-    with open(args.output, 'w') as f:
-        json.dump(data, f, indent=1)
-        f.write('\n')
-    print(f'wrote {args.output}')
+    for path, content in ((args.output, data), (DN_OUTPUT, draws)):
+        with open(path, 'w') as f:
+            json.dump(content, f, indent=1)
+            f.write('\n')
+        print(f'wrote {path}')
     return 0
 
 
