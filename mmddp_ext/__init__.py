@@ -26,8 +26,8 @@ def _warn_on_untested_versions() -> None:
 
 _warn_on_untested_versions()
 
-from . import datasets, hooks, models, optim, runner, utils  # noqa: E402
-from . import wrappers  # noqa: E402
+from . import (datasets, hooks, models, optim, runner, utils,  # noqa: E402
+               wrappers)
 from .datasets import *  # noqa: F401,F403,E402
 from .hooks import *  # noqa: F401,F403,E402
 from .models import *  # noqa: F401,F403,E402

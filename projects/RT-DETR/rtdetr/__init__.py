@@ -13,7 +13,7 @@ from .rtdetr_upstream_param_names import rtdetr_upstream_param_names
 from .rtdetr_varifocal_loss import RTDETRVarifocalLoss
 
 __all__ = [
-    'BatchChoiceResize', 'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR', 'RTDETRAugmentStopHook',
-    'RTDETRCdnQueryGenerator', 'RTDETRHead', 'RTDETRVarifocalLoss',
-    'rtdetr_upstream_param_names'
+    'BatchChoiceResize', 'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR',
+    'RTDETRAugmentStopHook', 'RTDETRCdnQueryGenerator', 'RTDETRHead',
+    'RTDETRVarifocalLoss', 'rtdetr_upstream_param_names'
 ]

@@ -151,8 +151,8 @@ def test_upstream_type_names_are_what_makes_the_config_build(monkeypatch):
     from mmdet.registry import MODELS
     from mmengine.config import Config
 
-    from .codetr_utils import import_project
     from mmddp_ext.testing import weights_on_meta
+    from .codetr_utils import import_project
     codetr = import_project()
     cfg = Config.fromfile(LSJ_CONFIG).model.query_head.transformer
     cfg.encoder.num_layers = cfg.decoder.num_layers = cfg.encoder.with_cp = 1

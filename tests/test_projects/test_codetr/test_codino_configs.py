@@ -172,8 +172,13 @@ def test_auto_scale_lr_with_and_without_the_flag(tmp_path):
     stays upstream's. Upstream's own form (``dict(base_batch_size=16)``,
     no ``enable``) works with the flag too; that form without the flag is
     what MMEngine never scales."""
+    from mmengine.config import Config
     train = _train_script()
     config = osp.join(CODINO_CONFIGS, 'co_dino_5scale_r50_lsj_8xb2_1x_coco.py')
+    # 'enable' written out: mmdet's own tools/train.py accepts
+    # --auto-scale-lr only then (every codino config inherits this one)
+    assert Config.fromfile(config).auto_scale_lr == dict(
+        enable=False, base_batch_size=16)
     upstream_form = tmp_path / 'upstream_form.py'
     upstream_form.write_text(
         f'_base_ = [{config!r}]\n'

@@ -86,8 +86,8 @@ test_cfg = dict(type='TestLoop')
 # Upstream's optimizer.params, verbatim: regexes over upstream's parameter
 # names (param_name_map gives each of the port's parameters its upstream
 # name); a parameter may match one regex only, unmatched ones take the
-# optimizer's lr and weight decay. A model config's params list replaces this one, as an
-# upstream YAML's does.
+# optimizer's lr and weight decay. A model config's params list replaces
+# this one, as an upstream YAML's does.
 optim_wrapper = dict(
     type='OptimWrapper',
     constructor='RegexOptimWrapperConstructor',
