@@ -268,8 +268,14 @@ def test_batch_choice_resize_draws_from_the_list_with_nearest():
     for sample in samples:
         assert sample.img_shape == sample.pad_shape == (size, size)
         assert sample.batch_input_shape == (size, size)
-        torch.testing.assert_close(
-            sample.gt_instances.bboxes,
-            torch.tensor([[0., 1., 2., 3.]]) * factor)
+        torch.testing.assert_close(sample.gt_instances.bboxes,
+                                   torch.tensor([[0., 1., 2., 3.]]) * factor)
     with pytest.raises(ValueError, match='non-empty list of positive ints'):
         import_project().BatchChoiceResize(scales=(480, 800.5))
+    # (height, width) pairs, as F.interpolate's size
+    out, samples = import_project().BatchChoiceResize(scales=[(8,
+                                                               12)])(*batch())
+    assert out.shape[-2:] == (8, 12)
+    assert samples[0].batch_input_shape == (8, 12)
+    torch.testing.assert_close(samples[0].gt_instances.bboxes,
+                               torch.tensor([[0., 2., 6., 6.]]))
