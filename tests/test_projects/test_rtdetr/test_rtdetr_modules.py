@@ -273,8 +273,8 @@ def test_batch_choice_resize_draws_from_the_list_with_nearest():
     with pytest.raises(ValueError, match='non-empty list of positive ints'):
         import_project().BatchChoiceResize(scales=(480, 800.5))
     # (height, width) pairs, as F.interpolate's size
-    out, samples = import_project().BatchChoiceResize(scales=[(8,
-                                                               12)])(*batch())
+    pairs = import_project().BatchChoiceResize(scales=[(8, 12)])
+    out, samples = pairs(*batch())
     assert out.shape[-2:] == (8, 12)
     assert samples[0].batch_input_shape == (8, 12)
     torch.testing.assert_close(samples[0].gt_instances.bboxes,
