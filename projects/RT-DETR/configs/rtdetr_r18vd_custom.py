@@ -7,11 +7,9 @@
 # weight except the class-sized layers (mismatched shapes are skipped
 # with a warning); a converted v1 or v2 checkpoint of the same size works
 # (same model keys). The backbone's ImageNet init is off: load_from
-# replaces it.
-_base_ = [
-    './_base_/rtdetr_coco_6x.py', './_base_/rtdetr_r18vd.py',
-    '../../../configs/_base_/mmddp_ext.py'
-]
+# replaces it. Recipe: rtdetr_r18vd_6x_coco.py's (upstream's parameter
+# groups included), 36 epochs.
+_base_ = ['./rtdetr_r18vd_6x_coco.py', '../../../configs/_base_/mmddp_ext.py']
 custom_imports = dict(
     imports=['mmddp_ext', 'projects.RT-DETR.rtdetr'],
     allow_failed_imports=False)
@@ -37,13 +35,4 @@ val_evaluator = dict(ann_file=data_root + 'val/annotations.json')
 test_evaluator = val_evaluator
 max_epochs = 36
 train_cfg = dict(max_epochs=max_epochs)
-# upstream rtdetr_r18vd_6x_coco.yml's parameter groups
-optim_wrapper = dict(
-    paramwise_cfg=dict(params=[
-        dict(params='^(?=.*backbone)(?=.*norm).*$', lr=1e-5, weight_decay=0.),
-        dict(params='^(?=.*backbone)(?!.*norm).*$', lr=1e-5),
-        dict(
-            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bias)).*$',
-            weight_decay=0.),
-    ]))
 load_from = 'checkpoints/rtdetr_r18vd_coco_mmdet.pth'

@@ -14,23 +14,18 @@ import pytest
 
 from ...helpers import REPO_ROOT
 from .codetr_utils import import_project
-from .regen_keys import CODINO_CONFIGS, PARAM_GROUPS, build_model
+from .regen_keys import (CODINO_CONFIGS, PARAM_GROUPS, UPSTREAM_CONFIGS,
+                         build_model)
 
-# port config -> upstream config (the custom ones: their base's recipe)
+# port config -> upstream config: the codino configs carry upstream's
+# file names; configs/co_dino_ext.py is upstream's R50 1x; the custom
+# ones follow their base's recipe.
+R50_1X = 'co_dino_5scale_r50_8xb2_1x_coco.py'
 UPSTREAM_OF = {
-    osp.join(REPO_ROOT, 'configs', 'co_dino_ext.py'):
-    'co_dino_5scale_r50_8xb2_1x_coco.py',
+    osp.join(REPO_ROOT, 'configs', 'co_dino_ext.py'): R50_1X,
     **{
         osp.join(CODINO_CONFIGS, name): name
-        for name in [
-            'co_dino_5scale_r50_lsj_8xb2_1x_coco.py',
-            'co_dino_5scale_r50_lsj_8xb2_3x_coco.py',
-            'co_dino_5scale_swin_l_16xb1_1x_coco.py',
-            'co_dino_5scale_swin_l_16xb1_3x_coco.py',
-            'co_dino_5scale_swin_l_lsj_16xb1_1x_coco.py',
-            'co_dino_5scale_swin_l_lsj_16xb1_3x_coco.py',
-            'co_dino_5scale_swin_l_16xb1_16e_o365tococo.py',
-        ]
+        for name in UPSTREAM_CONFIGS if name != R50_1X
     },
     osp.join(CODINO_CONFIGS, 'co_dino_5scale_r50_lsj_custom.py'):
     'co_dino_5scale_r50_lsj_8xb2_1x_coco.py',
