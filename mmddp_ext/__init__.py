@@ -26,15 +26,18 @@ def _warn_on_untested_versions() -> None:
 
 _warn_on_untested_versions()
 
-from . import datasets, hooks, models, runner, utils, wrappers  # noqa: E402
+from . import (datasets, hooks, models, optim, runner, utils,  # noqa: E402
+               wrappers)
 from .datasets import *  # noqa: F401,F403,E402
 from .hooks import *  # noqa: F401,F403,E402
 from .models import *  # noqa: F401,F403,E402
+from .optim import *  # noqa: F401,F403,E402
 from .runner import *  # noqa: F401,F403,E402
 from .utils import *  # noqa: F401,F403,E402
 from .wrappers import *  # noqa: F401,F403,E402
 
 __all__ = ['__version__'] + [
-    name for package in (datasets, hooks, models, runner, utils, wrappers)
+    name
+    for package in (datasets, hooks, models, optim, runner, utils, wrappers)
     for name in package.__all__
 ]

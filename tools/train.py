@@ -135,12 +135,15 @@ def build_cfg(args):
             cfg.optim_wrapper.loss_scale = 'dynamic'
 
     if args.auto_scale_lr:
-        if ('auto_scale_lr' in cfg and 'enable' in cfg.auto_scale_lr
-                and 'base_batch_size' in cfg.auto_scale_lr):
+        # 'enable' may be missing: upstream CO-DETR's configs set only
+        # base_batch_size, and the flag is what enables it.
+        if 'base_batch_size' in (cfg.get('auto_scale_lr') or {}):
             cfg.auto_scale_lr.enable = True
         else:
-            raise ValueError('--auto-scale-lr needs auto_scale_lr with '
-                             '"enable" and "base_batch_size" in the config.')
+            raise ValueError(
+                '--auto-scale-lr needs auto_scale_lr = dict(base_batch_size='
+                'N) in the config, N being the total batch size (GPUs x '
+                'images per GPU) its lr was set for.')
 
     resume_after_restart(args, cfg)
     if args.resume == 'auto':

@@ -124,3 +124,50 @@ def test_without_auto_ddp_the_unused_query_scale_stops_ddp(zoo_data, tmp_path):
                 'reduction in the prior iteration') in out, out[-6000:]
         assert f'did not receive grad for rank {rank}: ' in out
     assert 'AutoDDP: find_unused_parameters' not in out
+
+
+def _transform_types(node) -> list:
+    """Transform types of a pipeline, nested ones (RandomChoice) too."""
+    if isinstance(node, dict):
+        own = [node['type']] if 'type' in node else []
+        return own + [t for v in node.values() for t in _transform_types(v)]
+    if isinstance(node, (list, tuple)):
+        return [t for v in node for t in _transform_types(v)]
+    return []
+
+
+def _sizes(node) -> list:
+    if isinstance(node, dict):
+        return [
+            size for key, value in node.items()
+            for size in ([value] if key in ('scale', 'crop_size') else
+                         value if key == 'scales' else _sizes(value))
+        ]
+    if isinstance(node, list):
+        return [size for value in node for size in _sizes(value)]
+    return []
+
+
+@pytest.mark.parametrize('case', CASES, ids=[c.name for c in CASES])
+def test_leaf_config_keeps_the_zoo_pipeline_shrunk(case, tmp_path):
+    """The leaf config trains through the zoo config's own pipeline (the
+    same transforms, nested choices included), every size scaled to a
+    short side of IMAGE_SIZE, on the synthetic data."""
+    from mmengine.config import Config
+
+    from .zoo_cases import _config_path
+    zoo = Config.fromfile(
+        _config_path(case.config),
+        import_custom_modules=False).train_dataloader.dataset
+    leaf = tmp_path / 'leaf.py'
+    leaf.write_text(leaf_config(case, str(tmp_path)))
+    ours = Config.fromfile(str(leaf),
+                           import_custom_modules=False).train_dataloader
+    assert _transform_types(ours.dataset.pipeline) == _transform_types(
+        zoo.pipeline)
+    assert _sizes(zoo.pipeline)  # every zoo pipeline resizes
+    assert all(min(size) == IMAGE_SIZE for size in _sizes(
+        ours.dataset.pipeline)), _sizes(ours.dataset.pipeline)
+    assert ours.dataset.data_root == str(tmp_path)
+    assert ours.dataset.filter_cfg.filter_empty_gt is False
+    assert (ours.batch_size, ours.sampler.shuffle) == (1, False)

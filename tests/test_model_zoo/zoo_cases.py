@@ -1,7 +1,10 @@
 """The model-zoo matrix: configs from MMDetection's installed model zoo
 (``mmdet::...``), each with the opt-in recipe added to its ``_base_`` and
-shrunk for a 2-core CPU through overrides only. README.md ("Model-zoo
-matrix") lists the same table."""
+shrunk for a 2-core CPU through overrides only: a smaller backbone and
+head, and the config's own training pipeline with every image size
+scaled down (``mmddp_ext.doctor.shrink``), so that its transforms
+(multi-scale choices, crops) meet the GT-less images. docs/
+model_zoo_matrix.md lists the same table."""
 import os.path as osp
 from typing import Dict, List, NamedTuple
 
@@ -34,12 +37,10 @@ class ZooCase(NamedTuple):
         name (str): Test id and README row.
         config (str): The config, ``mmdet::`` path or file.
         model (dict): Overrides merged into ``model`` (shrinking only).
-        with_mask (bool): Load instance masks (Mask R-CNN).
     """
     name: str
     config: str
     model: Dict
-    with_mask: bool = False
 
 
 def _detr(queries: int, neck: Dict, **more) -> Dict:
@@ -77,8 +78,7 @@ CASES: List[ZooCase] = [
                  bbox_head=HEAD)),
     ZooCase('mask_rcnn', 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
             dict(backbone=R18, neck=R18_FPN,
-                 roi_head=dict(bbox_head=HEAD, mask_head=HEAD)),
-            with_mask=True),
+                 roi_head=dict(bbox_head=HEAD, mask_head=HEAD))),
     ZooCase('atss', 'mmdet::atss/atss_r50_fpn_1x_coco.py',
             dict(backbone=R18, neck=R18_FPN, bbox_head=HEAD)),
     # Its base sets custom_imports, as upstream CO-DETR's configs do; the
@@ -87,35 +87,55 @@ CASES: List[ZooCase] = [
 ]
 
 
-def _pipeline(with_mask: bool) -> List[Dict]:
-    return [
-        dict(type='LoadImageFromFile'),
-        dict(type='LoadAnnotations', with_bbox=True, with_mask=with_mask),
-        dict(type='Resize', scale=(IMAGE_SIZE, IMAGE_SIZE), keep_ratio=True),
-        dict(type='PackDetInputs'),
-    ]
+def _config_path(config: str) -> str:
+    """A file path for ``mmdet::`` configs (the installed model zoo)."""
+    if not config.startswith('mmdet::'):
+        return config
+    import mmdet
+    return osp.join(
+        osp.dirname(mmdet.__file__), '.mim', 'configs',
+        config[len('mmdet::'):])
+
+
+def zoo_train_dataloader(case: ZooCase, data_root: str) -> Dict:
+    """``case.config``'s own ``train_dataloader`` (pipelines, dataset
+    wrappers and batch sampler kept) on the synthetic data: image sizes of
+    the pipelines shrunk to ``IMAGE_SIZE`` on the short side, one image
+    per batch, unshuffled, no workers, images without boxes kept."""
+    from mmengine.config import Config
+
+    from mmddp_ext.doctor.shrink import shrink_config
+    cfg = Config.fromfile(_config_path(case.config),
+                          import_custom_modules=False)
+    shrink_config(cfg, short_side=IMAGE_SIZE, max_batch=1)
+    loader = cfg.train_dataloader.to_dict()
+    dataset = loader['dataset']
+    while 'dataset' in dataset:  # MultiImageMixDataset and the like
+        dataset = dataset['dataset']
+    dataset.update(
+        type='CocoDataset',
+        data_root=data_root,
+        ann_file='annotations.json',
+        data_prefix=dict(img='images/'),
+        metainfo=dict(classes=CLASSES),
+        filter_cfg=dict(filter_empty_gt=False, min_size=1),
+        backend_args=None)
+    loader.update(
+        batch_size=1,
+        sampler=dict(type='DefaultSampler', shuffle=False),
+        _delete_=True)
+    return loader
 
 
 def leaf_config(case: ZooCase, data_root: str, extra: Dict = ()) -> str:
     """Text of a config that adds the recipe to ``case.config`` and shrinks
-    it: the synthetic data (unshuffled, no workers, no validation), one
-    epoch of ``ITERS`` iterations logged every iteration, no checkpoint,
-    and ``case.model``. ``extra`` adds top-level keys."""
+    it: the synthetic data through the config's own training pipeline
+    (:func:`zoo_train_dataloader`; no validation), one epoch of ``ITERS``
+    iterations logged every iteration, no checkpoint, and ``case.model``.
+    ``extra`` adds top-level keys."""
     keys = dict(
         model=case.model,
-        train_dataloader=dict(
-            batch_size=1,
-            num_workers=0,
-            persistent_workers=False,
-            sampler=dict(type='DefaultSampler', shuffle=False),
-            dataset=dict(
-                type='CocoDataset',
-                data_root=data_root,
-                ann_file='annotations.json',
-                data_prefix=dict(img='images/'),
-                metainfo=dict(classes=CLASSES),
-                filter_cfg=dict(filter_empty_gt=False, min_size=1),
-                pipeline=_pipeline(case.with_mask))),
+        train_dataloader=zoo_train_dataloader(case, data_root),
         train_cfg=dict(max_epochs=1),
         val_dataloader=None,
         val_cfg=None,

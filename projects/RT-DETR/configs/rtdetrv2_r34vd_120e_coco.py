@@ -1,6 +1,7 @@
 # RT-DETRv2-M* (r34vd), COCO, 120 epochs (upstream
 # rtdetrv2_r34vd_120e_coco.yml):
-# backbone lr 5e-5 (lr_mult 0.5), augmentation and multi-scale off from
+# backbone lr 5e-5 (its norms without weight decay), weight decay 0 on
+# encoder/decoder norms and biases, augmentation and multi-scale off from
 # epoch 117.
 #   bash tools/dist_train.sh \
 #       projects/RT-DETR/configs/rtdetrv2_r34vd_120e_coco.py 4
@@ -10,7 +11,15 @@ custom_imports = dict(
     allow_failed_imports=False)
 model = dict(xavier_init_proj_ffn=True)
 optim_wrapper = dict(
-    paramwise_cfg=dict(custom_keys={'backbone': dict(lr_mult=0.5)}))
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=5e-5),
+        dict(
+            params='^(?=.*backbone)(?=.*norm|bn).*$', lr=5e-5,
+            weight_decay=0.),
+        dict(
+            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
+            weight_decay=0.),
+    ]))
 max_epochs = 120
 train_cfg = dict(max_epochs=max_epochs)
 custom_hooks = [

@@ -2,15 +2,18 @@
 
 Importing this package registers its components in ``mmdet.registry``.
 """
+from .batch_choice_resize import BatchChoiceResize
 from .hybrid_encoder import HybridEncoder
 from .resnet_vd import ResNetVdRTDETR
 from .rtdetr import RTDETR
 from .rtdetr_augment_stop_hook import RTDETRAugmentStopHook
 from .rtdetr_cdn_query_generator import RTDETRCdnQueryGenerator
 from .rtdetr_head import RTDETRHead
+from .rtdetr_upstream_param_names import rtdetr_upstream_param_names
 from .rtdetr_varifocal_loss import RTDETRVarifocalLoss
 
 __all__ = [
-    'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR', 'RTDETRAugmentStopHook',
-    'RTDETRCdnQueryGenerator', 'RTDETRHead', 'RTDETRVarifocalLoss'
+    'BatchChoiceResize', 'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR',
+    'RTDETRAugmentStopHook', 'RTDETRCdnQueryGenerator', 'RTDETRHead',
+    'RTDETRVarifocalLoss', 'rtdetr_upstream_param_names'
 ]

@@ -13,7 +13,7 @@ class RTDETRAugmentStopHook(PipelineSwitchHook):
     (its transforms ``policy: stop_epoch``) and the random batch scale of
     ``BatchImageCollateFunction`` (``stop_epoch``). Here the first is the
     pipeline switch of ``super()``; the second is the
-    ``BatchSyncRandomResize`` of the model's data preprocessor, whose
+    ``BatchChoiceResize`` of the model's data preprocessor, whose
     ``batch_augments`` this hook clears from ``switch_epoch`` on, so the
     last epochs train at 640 px as upstream.
 

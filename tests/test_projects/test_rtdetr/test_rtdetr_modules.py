@@ -127,53 +127,64 @@ def test_static_tensors_are_built_once_per_size_and_boxes_once_per_layer():
         assert builds == {'pos': 2, 'anchors': 2}
 
 
-def test_dn_queries_are_drawn_padded_and_inverted_as_upstream():
-    """Upstream pads GT to the batch maximum (class num_classes, box 0),
-    draws the label-noise numbers over every query (rand, then randint),
-    and inverts boxes with eps 1e-5; mmdet's generator does not."""
+@pytest.mark.parametrize('tree', ['rtdetr_pytorch', 'rtdetrv2_pytorch'])
+def test_dn_queries_are_drawn_padded_and_inverted_as_upstream(tree):
+    """Label and box noise on, same seed: the port's dn queries equal what
+    upstream's ``get_contrastive_denoising_training_group`` returned for
+    the same GT (data/upstream_dn_draws.json, made by upstream's code):
+    GT padded to the batch maximum (class num_classes, box 0), the noise
+    drawn over every query in upstream's order, boxes clamped and
+    inverted with eps 1e-5. mmdet's generator draws otherwise."""
+    import json
+    import os.path as osp
+
     from mmdet.structures import DetDataSample
     from mmengine.structures import InstanceData
 
     from mmddp_ext.models.layers import DDPSafeCdnQueryGenerator
-    num_classes, dims = 3, 4
-    kwargs = dict(
+    with open(
+            osp.join(
+                osp.dirname(osp.abspath(__file__)), 'data',
+                'upstream_dn_draws.json')) as f:
+        draws = json.load(f)
+    inputs, theirs = draws['inputs'], draws['trees'][tree]
+    num_classes = inputs['num_classes']
+    ours = import_project().RTDETRCdnQueryGenerator(
         num_classes=num_classes,
-        embed_dims=dims,
-        num_matching_queries=5,
-        label_noise_scale=1.0,
-        box_noise_scale=1e-20,  # on (mmdet requires it), but no shift
-        group_cfg=dict(dynamic=True, num_groups=None, num_dn_queries=4))
-    ours = import_project().RTDETRCdnQueryGenerator(**kwargs)
+        embed_dims=num_classes + 1,
+        num_matching_queries=inputs['num_queries'],
+        label_noise_scale=inputs['label_noise_ratio'],
+        box_noise_scale=inputs['box_noise_scale'],
+        group_cfg=dict(
+            dynamic=True,
+            num_groups=None,
+            num_dn_queries=inputs['num_denoising']))
+    # identity embedding: each query's label is its argmax, as recorded
+    ours.label_embedding.weight.data = torch.eye(num_classes + 1)
     samples = []
-    for count in (2, 1):
-        sample = DetDataSample(metainfo=dict(img_shape=(10, 20)))
+    for image in inputs['images']:
+        sample = DetDataSample(metainfo=dict(img_shape=image['img_shape']))
         sample.gt_instances = InstanceData(
-            bboxes=torch.tensor([[2., 1., 6., 5.]] * count),
-            labels=torch.arange(count))
+            bboxes=torch.tensor(image['bboxes']),
+            labels=torch.tensor(image['labels']))
         samples.append(sample)
-    torch.manual_seed(0)
-    label_query, box_query, _, meta = ours(samples)
-    assert meta['num_denoising_groups'] == 2  # 4 // max 2 GT
-    # upstream's draws: over all bs x (2 * groups * max_gt) queries
-    torch.manual_seed(0)
-    flip = torch.rand(2, 8) < 0.5
-    noisy = torch.randint(0, num_classes, (2, 8), dtype=torch.int32)
-    labels = torch.tensor([[0, 1], [0, num_classes]]).tile([1, 4])
-    is_gt = torch.tensor([[True, True], [True, False]]).tile([1, 4])
-    expected = torch.where(flip & is_gt, noisy.long(), labels)
-    torch.testing.assert_close(label_query, ours.label_embedding(expected))
-    # the padded query (image 1, slot 1) is box 0 through eps 1e-5
-    padded = box_query[1, 1::2]
-    torch.testing.assert_close(padded,
-                               torch.full_like(padded, math.log(1e-5)))
+    torch.manual_seed(inputs['seed'])
+    label_query, box_query, attn_mask, meta = ours(samples)
+    assert label_query.argmax(-1).tolist() == theirs['labels']
     torch.testing.assert_close(
-        box_query[0, 0].sigmoid(), torch.tensor([0.2, 0.3, 0.2, 0.4]))
+        box_query, torch.tensor(theirs['boxes']), rtol=0, atol=1e-5)
+    assert attn_mask.int().tolist() == theirs['attn_mask']
+    assert meta['num_denoising_groups'] == theirs['dn_num_group']
+    assert meta['num_denoising_queries'] == theirs['dn_num_split'][0]
+    # the recorded draw has box noise: boxes moved off their GT
+    assert box_query[0, 0].sigmoid().tolist() != pytest.approx(
+        [0.2, 0.3, 0.2, 0.4], abs=1e-3)
     # negative control: mmdet's generator (the parent) draws otherwise
-    torch.manual_seed(0)
+    torch.manual_seed(inputs['seed'])
     mmdet_query, mmdet_box, _, _ = DDPSafeCdnQueryGenerator.__call__(
         ours, samples)
-    assert not torch.equal(mmdet_query, label_query)
-    assert not torch.allclose(mmdet_box, box_query)
+    assert mmdet_query.argmax(-1).tolist() != theirs['labels']
+    assert not torch.allclose(mmdet_box, torch.tensor(theirs['boxes']))
 
 
 def test_too_small_input_for_the_queries_names_the_fix():
@@ -219,3 +230,52 @@ def test_attention_calls_skip_the_averaged_weights():
     model(**data, mode='loss')
     # 1 AIFI layer + 2 decoder layers
     assert flags == [False] * 3
+
+
+def test_batch_choice_resize_draws_from_the_list_with_nearest():
+    """Upstream's multi-scale step: one size per batch from the list
+    (repeats weight it), nearest resizing, boxes and shapes scaled."""
+    import random
+
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    resize = import_project().BatchChoiceResize(scales=[8, 16, 16, 16])
+    image = torch.arange(2 * 3 * 4 * 4, dtype=torch.float).view(2, 3, 4, 4)
+
+    def batch():
+        samples = []
+        for _ in range(2):
+            sample = DetDataSample(
+                metainfo=dict(img_shape=(4, 4), pad_shape=(4, 4)))
+            sample.gt_instances = InstanceData(
+                bboxes=torch.tensor([[0., 1., 2., 3.]]),
+                labels=torch.tensor([0]))
+            samples.append(sample)
+        return image.clone(), samples
+
+    random.seed(0)
+    sizes = [resize(*batch())[0].shape[-1] for _ in range(400)]
+    assert set(sizes) == {8, 16}
+    assert 0.68 < sizes.count(16) / len(sizes) < 0.82  # 3 of 4 entries
+    random.seed(1)
+    out, samples = resize(*batch())
+    size = out.shape[-1]
+    torch.testing.assert_close(
+        out, torch.nn.functional.interpolate(image, size=(size, size)))
+    # nearest: every output pixel is an input pixel (bilinear would blend)
+    assert set(out.unique().tolist()) <= set(image.unique().tolist())
+    factor = size / 4
+    for sample in samples:
+        assert sample.img_shape == sample.pad_shape == (size, size)
+        assert sample.batch_input_shape == (size, size)
+        torch.testing.assert_close(sample.gt_instances.bboxes,
+                                   torch.tensor([[0., 1., 2., 3.]]) * factor)
+    with pytest.raises(ValueError, match='non-empty list of positive ints'):
+        import_project().BatchChoiceResize(scales=(480, 800.5))
+    # (height, width) pairs, as F.interpolate's size
+    pairs = import_project().BatchChoiceResize(scales=[(8, 12)])
+    out, samples = pairs(*batch())
+    assert out.shape[-2:] == (8, 12)
+    assert samples[0].batch_input_shape == (8, 12)
+    torch.testing.assert_close(samples[0].gt_instances.bboxes,
+                               torch.tensor([[0., 2., 6., 6.]]))

@@ -355,5 +355,8 @@ default_hooks = dict(
     checkpoint=dict(by_epoch=True, interval=1, max_keep_ckpts=3))
 log_processor = dict(by_epoch=True)
 # Upstream's base batch size: 8 GPUs x 2 images. With --auto-scale-lr the
-# learning rate follows your GPU count x batch size.
-auto_scale_lr = dict(base_batch_size=16)
+# learning rate follows your GPU count x batch size (lr x GPUs x batch /
+# 16); without it the lr stays 2e-4, as upstream trains. Upstream writes
+# no 'enable' (MMEngine then never scales, and mmdet's train.py refuses
+# --auto-scale-lr); 'enable' is what MMEngine's Runner reads.
+auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -23,6 +23,8 @@ load_from = 'https://download.openmmlab.com/mmdetection/v3.0/codetr/co_dino_5sca
 
 num_classes = len(classes)
 model = dict(
+    # load_from replaces every backbone weight: no ImageNet-22k Swin-L download
+    backbone=dict(init_cfg=None),
     query_head=dict(num_classes=num_classes),
     # Lists replace the base's lists: copy the base's head, set the count.
     roi_head=[

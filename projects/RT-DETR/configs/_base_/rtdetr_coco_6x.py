@@ -2,11 +2,13 @@
 # (rtdetr_pytorch/configs/runtime.yml, include/dataloader.yml,
 # include/optimizer.yml, include/rtdetr_r50vd.yml): 640x640 inputs,
 # photometric distortion, zoom-out (p=0.5), IoU crop (p=0.8), flip; batch
-# scale drawn from 480-800 px (multi_scale); 4 images per GPU on 4 GPUs;
-# SyncBN; AdamW lr 1e-4 (backbone 1e-5), weight decay 1e-4 (0 on norms
-# and biases), grad clip 0.1, constant lr (no warm-up in v1), EMA 0.9999
-# with 2000 warm-up steps. mmdet transforms stand in for upstream's
-# torchvision v2 ones.
+# size drawn from upstream's multi_scale list (480-800 px, 640 three
+# times, nearest); 4 images per GPU on 4 GPUs;
+# SyncBN; AdamW lr 1e-4, weight decay 1e-4, with upstream's regex
+# parameter groups (include/optimizer.yml: backbone lr 1e-5, weight decay
+# 0 on encoder/decoder biases and norm weights), grad clip 0.1, constant
+# lr (no warm-up in v1), EMA 0.9999 with 2000 warm-up steps. mmdet
+# transforms stand in for upstream's torchvision v2 ones.
 _base_ = ['mmdet::_base_/default_runtime.py']
 dataset_type = 'CocoDataset'
 data_root = 'data/coco/'
@@ -81,15 +83,28 @@ train_cfg = dict(
     type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
+# Upstream's optimizer.params, verbatim: regexes over upstream's parameter
+# names (param_name_map gives each of the port's parameters its upstream
+# name); a parameter may match one regex only, unmatched ones take the
+# optimizer's lr and weight decay. A model config's params list replaces
+# this one, as an upstream YAML's does.
 optim_wrapper = dict(
     type='OptimWrapper',
+    constructor='RegexOptimWrapperConstructor',
     optimizer=dict(
         type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
     clip_grad=dict(max_norm=0.1, norm_type=2),
     paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        bias_decay_mult=0.0,
-        custom_keys={'backbone': dict(lr_mult=0.1)}))
+        params=[
+            dict(params='backbone', lr=1e-5),
+            dict(
+                params='^(?=.*encoder(?=.*bias|.*norm.*weight)).*$',
+                weight_decay=0.),
+            dict(
+                params='^(?=.*decoder(?=.*bias|.*norm.*weight)).*$',
+                weight_decay=0.),
+        ],
+        param_name_map=dict(type='rtdetr_upstream_param_names', version=1)))
 # upstream v1: constant lr (MultiStepLR milestone 1000 epochs), no warm-up
 param_scheduler = []
 # upstream ModelEMA: decay 0.9999 * (1 - exp(-updates / 2000)); mmdet's

@@ -4,7 +4,8 @@
 # (freeze_norm = norm_eval + requires_grad False), hybrid encoder (256-d,
 # 1 AIFI layer on stride 32, expansion 1.0), decoder with 6 layers, 300
 # queries, 4 points per level, 100 dn queries, VFL 1 / L1 5 / GIoU 2,
-# matcher class 2 / L1 5 / GIoU 2, multi-scale training 480-800 px.
+# matcher class 2 / L1 5 / GIoU 2, multi-scale training 480-800 px
+# (upstream's list of sizes).
 #
 # pretrained_backbone: upstream's ImageNet file converted by
 #   python tools/convert_rtdetr_checkpoint.py \
@@ -26,15 +27,16 @@ model = dict(
         std=[255, 255, 255],
         bgr_to_rgb=True,
         pad_size_divisor=32,
-        # upstream RTDETR.multi_scale: one square size per batch from 480
-        # to 800 (nearest interpolation after collation); mmdet draws
-        # multiples of 32 uniformly (bilinear) and scales the boxes along
+        # upstream multi_scale (v1 RTDETR, v2 collate_fn scales): one
+        # square size per batch from this list (640 three times), nearest
+        # interpolation
         batch_augments=[
             dict(
-                type='BatchSyncRandomResize',
-                random_size_range=(480, 800),
-                size_divisor=32,
-                interval=1)
+                type='BatchChoiceResize',
+                scales=[
+                    480, 512, 544, 576, 608, 640, 640, 640, 672, 704, 736,
+                    768, 800
+                ])
         ]),
     backbone=dict(
         type='ResNetVdRTDETR',

@@ -5,12 +5,21 @@
 # stop_epoch (0-based) on neither photometric distortion, zoom-out and IoU
 # crop (the transforms 'policy') nor multi-scale batches (the collate
 # function's stop_epoch): RTDETRAugmentStopHook. 72 epochs, stop 71; the
-# model configs set their own.
+# model configs set their own. Parameter groups: rtdetrv2's
+# include/optimizer.yml (backbone lr 1e-5 except its norms, weight decay 0
+# on encoder/decoder norms), over rtdetrv2_pytorch's parameter names.
 _base_ = ['./rtdetr_coco_6x.py']
 optim_wrapper = dict(
     type='AmpOptimWrapper',
     loss_scale='dynamic',
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=1.0))
+    paramwise_cfg=dict(
+        params=[
+            dict(params='^(?=.*backbone)(?!.*norm).*$', lr=1e-5),
+            dict(
+                params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn)).*$',
+                weight_decay=0.),
+        ],
+        param_name_map=dict(type='rtdetr_upstream_param_names', version=2)))
 # upstream LinearWarmup: lr factor min(1, (step + 1) / 2000)
 param_scheduler = [
     dict(

@@ -1,0 +1,3 @@
+from .regex_optim_wrapper_constructor import RegexOptimWrapperConstructor
+
+__all__ = ['RegexOptimWrapperConstructor']
