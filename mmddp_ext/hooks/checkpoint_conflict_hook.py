@@ -7,6 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..utils import activation_checkpoint as act_cp
 from ..utils.side_channel import SideChannel
+from ..wrappers.auto_ddp import AutoDDP
 
 POLICIES = act_cp.POLICIES
 
@@ -37,9 +38,12 @@ class CheckpointConflictHook(Hook):
     ``MMDistributedDataParallel`` or an ``AutoDDP`` decision), or
     parameters that AutoDDP saw unused inside a checkpointing module. A
     wrapper built with ``find_unused_parameters=True`` conflicts from its
-    first step, so the policy applies from the start; with ``AutoDDP``
-    deciding by itself, the check runs after its probe step (which runs
-    without DDP), before DDP runs a backward. Where DDP runs the first step,
+    first step, so the policy applies from the start; so does an
+    ``AutoDDP`` whose resumed run records that it needs
+    ``find_unused_parameters=True`` (DDP is built at ``before_train``, see
+    ``AutoDDP.apply_resumed_decision``). With ``AutoDDP`` deciding by
+    itself, the check runs after its probe step (which runs without DDP),
+    before DDP runs a backward. Where DDP runs the first step,
     the ranks' sites are merged after its forward and before its backward,
     never between iterations: a rank that used other parameters than its
     peers is stuck in that backward (DDP's own error comes at the next
@@ -95,6 +99,11 @@ class CheckpointConflictHook(Hook):
                 f'({type(model).__name__}); checkpointing left as it is.',
                 logger='current')
             return
+        if isinstance(model, AutoDDP):
+            # A resumed or restarted run may already know that it needs
+            # find_unused_parameters=True: DDP then runs the first step,
+            # and the conflict must be resolved before it.
+            model.apply_resumed_decision()
         act_cp.watch(model.module)
         self._channel = SideChannel.open('CheckpointConflictHook')
         if not getattr(model, '_ddp_built', True):

@@ -1,13 +1,16 @@
 import copy
 import inspect
 import logging
-from typing import Dict, List, Optional, Union
+import os
+import os.path as osp
+import sys
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch.distributed as dist
 import torch.nn as nn
 from mmengine.device import get_device
-from mmengine.dist import (all_gather_object, get_rank, get_world_size,
-                           is_distributed)
+from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
+                           get_world_size, is_distributed)
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
@@ -21,8 +24,14 @@ from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
 from ..utils.dist_env import (check_launch_environment, init_distributed,
                               rank_device)
-from ..wrappers.auto_ddp import UnexpectedUnusedParameterError
-from ..wrappers.auto_ddp_restart import keep_need_for_restart
+from ..utils.run_record import read_record, write_record
+from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
+                                 UnexpectedUnusedParameterError)
+from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
+                                         read_need)
+from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
+                          choose_start, peek_is_training_checkpoint,
+                          restart_count)
 
 # mmddp_ext_cfg keys and their values when the key is absent.
 EXT_CFG_DEFAULTS = dict(
@@ -71,13 +80,32 @@ class ExtRunner(Runner):
       only tensors and plain types), :class:`RankStatusHook`, and the hooks
       that ``mmddp_ext_cfg`` switches on, unless the config lists them.
     - ``load_checkpoint``: reads local files with ``weights_only=True``.
+    - ``load_or_resume`` (when training starts): one rule for every
+      launch, torchrun restart and resume
+      (:func:`~mmddp_ext.runner.start_point.choose_start`): the run
+      continues from the newest of its own latest checkpoint and what it
+      was started with (``load_from``, or the checkpoint ``--resume``
+      named). A fine-tune restarted before its first checkpoint loads its
+      ``load_from`` again (stock auto-resume found no checkpoint and
+      trained from random weights); one restarted after a checkpoint
+      resumes from it without loading ``load_from`` on top. Rank 0 decides,
+      every rank logs which file it loaded and why. A stored AutoDDP
+      decision (the resumed checkpoint's, or the need the work dir records
+      from a run stopped before its first checkpoint) is applied at once,
+      before any hook's ``before_train``.
     - ``train``: when a collective times out, re-raises with every rank's
       last reported iteration and phase; when AutoDDP stops every rank for
-      parameters gone unused, records in the latest checkpoint that the
-      run needs ``find_unused_parameters=True`` (so a restart resumes that
-      way).
+      parameters gone unused, records in the work dir that the run needs
+      ``find_unused_parameters=True`` (so a restart builds DDP that way).
 
     Config keys it reads besides ``Runner``'s:
+
+    - resume (bool | str): ``False`` (default): a new run, from
+      ``load_from`` if set. ``'auto'`` (``tools/train.py --resume``):
+      continue from the work dir's latest checkpoint, else start from
+      ``load_from``. ``True``: as MMEngine, resume from ``load_from`` when
+      it is a training checkpoint (``--resume PATH``); when ``load_from``
+      holds weights only (a pretrained model) or is unset, as ``'auto'``.
 
     - trusted_checkpoints (list[str]): Checkpoint paths that may be loaded
       with ``weights_only=False`` if the safe load refuses them (files from
@@ -274,7 +302,81 @@ class ExtRunner(Runner):
         with safe_checkpoint_loading(self.cfg.get('trusted_checkpoints')):
             return super().load_checkpoint(filename, *args, **kwargs)
 
+    def load_or_resume(self) -> None:
+        """Differs from ``Runner.load_or_resume`` when training starts: the
+        start follows :func:`~mmddp_ext.runner.start_point.choose_start`
+        (see the class docstring), rank 0 decides it for every rank, each
+        rank logs it, and AutoDDP applies a stored decision before the
+        first step. Validation and testing load as stock."""
+        if self._has_loaded or not self._training_starts:
+            return super().load_or_resume()
+        check_resume(self._resume)
+        start, need = self._agree_on_start()
+        _log_on_every_rank(f'ExtRunner (rank {self.rank}/{self.world_size})'
+                           f'{_restart_text()}: {start.describe()}.')
+        # What the runner loads, for hooks that read them (EMAHook swaps
+        # its weights in after_load_checkpoint only for a resume).
+        self._resume = start.action == 'resume'
+        self._load_from = start.path
+        if start.action == 'resume':
+            self.resume(start.path)
+        elif start.action == 'load':
+            self.load_checkpoint(start.path)
+        self._has_loaded = True
+        kept = self.message_hub.get_info(DECISION_INFO_KEY) or {}
+        if need is not None and not kept.get('find_unused_parameters'):
+            # Learnt after the checkpoint it resumed, or with none written.
+            self.message_hub.update_info(DECISION_INFO_KEY, need)
+        if isinstance(self.model, AutoDDP):
+            self.model.apply_resumed_decision()
+
+    def _agree_on_start(self) -> Tuple[StartPoint, Optional[dict]]:
+        """Rank 0's start and AutoDDP need, on every rank (a failure on rank
+        0 is raised on every rank)."""
+        decided: List = [None]
+        if self.rank == 0:
+            try:
+                decided = [self._decide_start()]
+            except (OSError, ValueError) as error:
+                decided = [f'{type(error).__name__}: {error}']
+        broadcast_object_list(decided)
+        if isinstance(decided[0], str):
+            raise ValueError(
+                f'ExtRunner (rank {self.rank}): rank 0 could not work out '
+                f'where training starts: {decided[0]}')
+        return decided[0]
+
+    def _decide_start(self) -> Tuple[StartPoint, Optional[dict]]:
+        """Apply the rule to the work dir; keep its record; find the
+        AutoDDP need of the run this launch continues, if any."""
+        work_dir = self.work_dir
+        last = osp.join(work_dir, 'last_checkpoint')
+        latest = None
+        if osp.isfile(last):
+            with open(last) as f:
+                latest = checkpoint_stamp(f.read().strip() or None)
+        trusted = self.cfg.get('trusted_checkpoints')
+        start, record = choose_start(
+            self._resume,
+            self._load_from,
+            latest,
+            restart=restart_count(),
+            record=read_record(work_dir, RECORD),
+            is_training_checkpoint=lambda path: peek_is_training_checkpoint(
+                path, trusted))
+        if record is not None:
+            write_record(work_dir, RECORD, record)
+            if not record['inputs']['resume']:  # a new run
+                forget_need(work_dir)
+                return start, None
+        return start, read_need(work_dir)
+
+    @property
+    def _training_starts(self) -> bool:
+        return getattr(self, '_in_train', False)
+
     def train(self) -> nn.Module:
+        self._in_train = True
         try:
             return super().train()
         except UnexpectedUnusedParameterError as error:
@@ -296,3 +398,23 @@ class ExtRunner(Runner):
                 '(different loss keys, a skipped branch, an extra '
                 'collective); see that rank\'s log. The timeout is '
                 'env_cfg.dist_cfg.timeout (seconds).') from error
+
+
+def _restart_text() -> str:
+    restarts = restart_count()
+    if not restarts:
+        return ''
+    limit = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')
+    return (f', restart {restarts} of at most {limit} (torchrun restarted '
+            'every rank after one failed or was killed; its exit is '
+            'reported above)')
+
+
+def _log_on_every_rank(message: str) -> None:
+    """Rank 0 logs ``message`` (console and log file); the other ranks,
+    whose MMEngine logger shows errors only, print it."""
+    if get_rank() == 0:
+        print_log(message, logger='current')
+    else:
+        print_log(message, logger=None)
+        sys.stdout.flush()

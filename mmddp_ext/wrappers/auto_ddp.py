@@ -126,7 +126,10 @@ class AutoDDP(MMDistributedDataParallel):
     The decision is kept in :attr:`autoddp_decision` (read by
     ``CheckpointConflictHook``) and in the message hub, so checkpoints
     carry it. A run resumed from a checkpoint that records a need for
-    ``find_unused_parameters=True`` builds DDP that way without probing.
+    ``find_unused_parameters=True`` (or restarted in a work dir that
+    records it, see :mod:`~mmddp_ext.wrappers.auto_ddp_restart`) builds DDP
+    that way without probing, before its first step
+    (:meth:`apply_resumed_decision`).
 
     Args:
         module (nn.Module): Model to wrap.
@@ -209,8 +212,7 @@ class AutoDDP(MMDistributedDataParallel):
         """Differs from ``MMDistributedDataParallel.train_step`` in running
         the first step as a probe (no DDP yet) when the flag is unset, and in
         hooking the loss so that a check runs at the end of its backward."""
-        if not self._ddp_built and not self._probe_started:
-            self._resume_decision()
+        self.apply_resumed_decision()
         probing = not self._ddp_built
         if probing and not self._probe_started:
             self._probe_started = True
@@ -374,22 +376,38 @@ class AutoDDP(MMDistributedDataParallel):
             f"{decision['reason']}.",
             logger='current')
 
-    def _resume_decision(self) -> None:
-        """Build DDP with ``find_unused_parameters=True`` at once when the
-        resumed checkpoint records that the run needs it."""
+    def apply_resumed_decision(self) -> bool:
+        """Build DDP with ``find_unused_parameters=True`` now if the message
+        hub records that this run needs it (a resumed checkpoint, or
+        ``ExtRunner`` from the work dir's record after a restart).
+
+        Call it once the run has loaded its checkpoint and before its first
+        step (``ExtRunner.load_or_resume`` does, and
+        ``CheckpointConflictHook`` at ``before_train``), so that hooks see
+        DDP as the first step will run it; ``train_step`` calls it too.
+        Does nothing once DDP is built or probing has begun.
+
+        Returns:
+            bool: Whether DDP was built now.
+        """
+        if self._ddp_built or self._probe_started:
+            return False
         hub = MessageHub.get_current_instance()
         kept = hub.get_info(DECISION_INFO_KEY) or {}
         if not kept.get('find_unused_parameters'):
-            return
+            return False
         self._init_ddp(True)
+        stored = dict(kept)
+        source = stored.pop('recorded_in', None) or 'the resumed checkpoint'
         self._decide(
             dict(
-                kept,
+                stored,
                 mode='resumed',
                 find_unused_parameters=True,
                 ignored=[],
-                reason='the resumed checkpoint records that this run needs '
-                f"it ({kept.get('mode')}: {kept.get('reason')})"))
+                reason=f'{source} records that this run needs it '
+                f"({kept.get('mode')}: {kept.get('reason')})"))
+        return True
 
     def _leave_out_of_ddp(self, params: List[nn.Parameter]) -> None:
         module = self.module
