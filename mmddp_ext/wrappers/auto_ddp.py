@@ -399,14 +399,17 @@ class AutoDDP(MMDistributedDataParallel):
         self._init_ddp(True)
         stored = dict(kept)
         source = stored.pop('recorded_in', None) or 'the resumed checkpoint'
+        # What the run first found, kept as it is through later resumes.
+        found = stored.get('found') or f"{kept.get('mode')}: " \
+            f"{kept.get('reason')}"
         self._decide(
             dict(
                 stored,
                 mode='resumed',
                 find_unused_parameters=True,
                 ignored=[],
-                reason=f'{source} records that this run needs it '
-                f"({kept.get('mode')}: {kept.get('reason')})"))
+                found=found,
+                reason=f'{source} records that this run needs it ({found})'))
         return True
 
     def _leave_out_of_ddp(self, params: List[nn.Parameter]) -> None:

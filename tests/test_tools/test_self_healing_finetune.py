@@ -153,7 +153,8 @@ def test_finetune_restarts_keep_its_start_and_its_decision(
     assert f'Load checkpoint from {pre}' not in third
     assert f'Load checkpoint from {work}/iter_4.pth' in third
     assert ('AutoDDP: find_unused_parameters=True (resumed): the resumed '
-            'checkpoint records that this run needs it (resumed: ') in third
+            'checkpoint records that this run needs it (needs_find_unused: '
+            '2 parameter(s) went unused on rank 1') in third
     assert fixed in third and DOUBLE_READY not in third
     assert logged_iters(third) == [5, 6]
     assert load_checkpoint_file(checkpoints(work)[-1])['meta']['iter'] == 6
