@@ -106,7 +106,7 @@ class CheckpointConflictHook(Hook):
             model.apply_resumed_decision()
         act_cp.watch(model.module)
         self._channel = SideChannel.open('CheckpointConflictHook')
-        if not getattr(model, '_ddp_built', True):
+        if not getattr(model, 'ddp_built', True):
             # AutoDDP probes the first step without DDP: the check runs
             # after it, before DDP runs a backward.
             self._pending = True
@@ -129,7 +129,7 @@ class CheckpointConflictHook(Hook):
                          data_batch=None,
                          outputs=None) -> None:
         # AutoDDP builds DDP after its probe step.
-        if self._pending and getattr(runner.model, '_ddp_built', True):
+        if self._pending and getattr(runner.model, 'ddp_built', True):
             self._pending = False
             self._check(runner, runner.model)
 

@@ -200,6 +200,14 @@ class AutoDDP(MMDistributedDataParallel):
             param.register_post_accumulate_grad_hook(lambda p: used.add(id(p)))
 
     # ------------------------------------------------------------------ api
+    @property
+    def ddp_built(self) -> bool:
+        """Whether DDP runs the training steps yet: False until AutoDDP has
+        decided (during its probe step the model runs without DDP), True
+        from then on, and from the start with a given
+        ``find_unused_parameters`` or a resumed decision."""
+        return self._ddp_built
+
     def forward(self, *inputs, **kwargs):
         """Before DDP is built (the probe step), call the model directly,
         so that hooks registered on this wrapper run in every step."""
