@@ -7,6 +7,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..utils import activation_checkpoint as act_cp
 from ..utils.side_channel import SideChannel
+from ..utils.text import shorten
 from ..wrappers.auto_ddp import AutoDDP
 
 POLICIES = act_cp.POLICIES
@@ -203,7 +204,7 @@ class CheckpointConflictHook(Hook):
                 'CheckpointConflictHook: these modules pass '
                 'use_reentrant=True to checkpoint themselves and are left '
                 'unchanged; DDP may fail in their backward: '
-                f'{_short(stated_reentrant)}.',
+                f'{shorten(stated_reentrant)}.',
                 logger='current',
                 level=30)
         self.resolved = [
@@ -213,7 +214,7 @@ class CheckpointConflictHook(Hook):
                 'made checkpointing non-reentrant in')
         print_log(
             f'CheckpointConflictHook: {reason}; {verb} '
-            f'{len(self.resolved)} module(s): {_short(self.resolved)}.',
+            f'{len(self.resolved)} module(s): {shorten(self.resolved)}.',
             logger='current')
 
     def _refusal(self, runner, sites: List[str]) -> str:
@@ -233,16 +234,10 @@ class CheckpointConflictHook(Hook):
                 fix = f'use_reentrant=False in the checkpoint call of {site}'
             if fix not in fixes:
                 fixes.append(fix)
-        where = _short([s or '(model root)' for s in sites]) or \
+        where = shorten([s or '(model root)' for s in sites]) or \
             '(a module outside the model)'
         return (
             f'CheckpointConflictHook: reentrant activation checkpointing '
             f'conflicts with DDP ({self._reason}) in {len(sites)} '
             f'module(s): {where}. Set {", ".join(fixes) or "with_cp=False"}'
             ", or use policy='non_reentrant' to keep the memory savings.")
-
-
-def _short(names: List[str], limit: int = 8) -> str:
-    shown = ', '.join(names[:limit])
-    return shown + (f' (+{len(names) - limit} more)'
-                    if len(names) > limit else '')

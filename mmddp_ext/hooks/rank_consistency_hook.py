@@ -13,10 +13,11 @@ from mmengine.registry import HOOKS
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..utils.side_channel import SideChannel
+from ..utils.text import ranks_text
 from .rank_fingerprint import (COMPARED_FIELDS, FINGERPRINT_FIELDS, UNKNOWN,
                                RankDivergenceError, collective_count,
                                describe_divergence, gt_boxes_in, keys_text,
-                               loss_keys_hash, ranks_text)
+                               loss_keys_hash)
 
 SKIPS_SCALAR = 'train/nonfinite_skips'
 

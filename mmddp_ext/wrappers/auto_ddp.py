@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.dist_env import ddp_device_ids
 from ..utils.side_channel import SideChannel
+from ..utils.text import group_param_names, ranks_text
 
-MAX_LOGGED_GROUPS = 8
 # The decision is kept in the message hub under this key, so every
 # checkpoint carries it and ``--resume`` restores it.
 DECISION_INFO_KEY = 'autoddp'
@@ -24,23 +24,6 @@ DECISION_INFO_KEY = 'autoddp'
 WOKE_LOG_EVERY = 100
 
 NamedParams = List[Tuple[str, nn.Parameter]]
-
-
-def group_param_names(names: Sequence[str],
-                      max_groups: int = MAX_LOGGED_GROUPS) -> str:
-    """``'head.{a,b}, neck.w (+3 more modules)'``: names grouped by their
-    owning module, truncated to ``max_groups`` modules."""
-    groups: Dict[str, List[str]] = OrderedDict()
-    for name in names:
-        prefix, _, leaf = name.rpartition('.')
-        groups.setdefault(prefix, []).append(leaf)
-    parts = []
-    for prefix, leaves in list(groups.items())[:max_groups]:
-        leaf = leaves[0] if len(leaves) == 1 else '{' + ','.join(leaves) + '}'
-        parts.append(f'{prefix}.{leaf}' if prefix else leaf)
-    if len(groups) > max_groups:
-        parts.append(f'(+{len(groups) - max_groups} more modules)')
-    return ', '.join(parts)
 
 
 def ddp_ignore_names(module: nn.Module,
@@ -61,13 +44,6 @@ def ddp_ignore_names(module: nn.Module,
             if id(param) in wanted:
                 names.add(f'{module_name}.{param_name}')
     return sorted(names)
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return f'rank {ranks[0]}'
-    return 'ranks ' + ', '.join(str(r) for r in ranks)
 
 
 class UnexpectedUnusedParameterError(RuntimeError):
@@ -526,7 +502,7 @@ class AutoDDP(MMDistributedDataParallel):
                 f'rank {r}: {group_param_names(reports_by_rank[r])}'
                 for r in ranks)
         why = (f'{len(names)} parameter(s) went unused on '
-               f'{_ranks_text(ranks)} after the probe step: '
+               f'{ranks_text(ranks)} after the probe step: '
                f'{group_param_names(names)}')
         need = dict(
             mode='needs_find_unused',
@@ -536,7 +512,7 @@ class AutoDDP(MMDistributedDataParallel):
             never_used=[],
             reason=why)
         return UnexpectedUnusedParameterError(
-            f'AutoDDP ({_ranks_text(ranks)}): {len(names)} parameter(s) '
+            f'AutoDDP ({ranks_text(ranks)}): {len(names)} parameter(s) '
             'received no gradient in this iteration, but DDP runs with '
             'find_unused_parameters=False, where every parameter must be '
             f'used on every rank: {where}. Every rank stops here. '
