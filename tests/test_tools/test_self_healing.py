@@ -6,36 +6,19 @@ work dir says the run needs. (A fine-tune that checkpoints every few
 iterations: test_self_healing_finetune.py.)"""
 import os.path as osp
 import re
-import sys
 
-from mmddp_ext.testing import free_port, run_command
 from mmddp_ext.utils import load_checkpoint_file
 
-from ..helpers import REPO_ROOT, checkpoints, logged_iters
+from ..helpers import checkpoints, dist_train, logged_iters
 
 CONFIG = osp.join(osp.dirname(osp.abspath(__file__)), 'self_healing_toy.py')
 ITERS = 6
 RESTART = 'ExtRunner (rank 0/2), restart 1 of at most 1 (torchrun restarted'
 
 
-def _dist_train(work_dir, options, check=True):
-    cmd = [
-        'bash',
-        osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), CONFIG, '2',
-        '--work-dir', work_dir, '--cfg-options', *options
-    ]
-    env = {
-        'PORT': str(free_port()),
-        'PYTHON': sys.executable,
-        'MAX_RESTARTS': '1'
-    }
-    return run_command(
-        cmd,
-        timeout=240,
-        env=env,
-        cwd=REPO_ROOT,
-        log_globs=[osp.join(work_dir, '*', '*.log')],
-        check=check)
+def _dist_train(work_dir, options):
+    return dist_train(
+        CONFIG, 2, work_dir, options, timeout=240, env={'MAX_RESTARTS': '1'})
 
 
 def _resumed_from(after: str) -> int:

@@ -19,15 +19,13 @@ iterations, activation checkpointing (mmdet ``with_cp``, or MMEngine's
 """
 import os.path as osp
 import re
-import sys
 
 import pytest
 import torch
 
-from mmddp_ext.testing import free_port, run_command
 from mmddp_ext.utils import load_checkpoint_file
 
-from ..helpers import REPO_ROOT, checkpoints, logged_iters
+from ..helpers import checkpoints, dist_train, logged_iters
 
 CONFIG = osp.join(
     osp.dirname(osp.abspath(__file__)), 'self_healing_finetune.py')
@@ -61,23 +59,17 @@ def _pretrained(path: str) -> str:
 
 
 def _dist_train(work_dir, options, restarts, switch_off=''):
-    cmd = [
-        'bash',
-        osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), CONFIG, '2',
-        '--work-dir', work_dir, '--cfg-options', *options
-    ]
     env = {
-        'PORT': str(free_port()),
-        'PYTHON': sys.executable,
         'MAX_RESTARTS': str(restarts),
-        'MMDDP_TEST_SWITCH_OFF': switch_off,
+        'MMDDP_TEST_SWITCH_OFF': switch_off
     }
-    return run_command(
-        cmd,
+    return dist_train(
+        CONFIG,
+        2,
+        work_dir,
+        options,
         timeout=300,
         env=env,
-        cwd=REPO_ROOT,
-        log_globs=[osp.join(work_dir, '*', '*.log')],
         check=not switch_off)
 
 
