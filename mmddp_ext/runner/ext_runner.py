@@ -40,8 +40,11 @@ EXT_CFG_DEFAULTS = dict(
     empty_gt_guard=None,
     empty_gt_stats=False,
     finite_predictions=True,
+    nonfinite_skip=None,
     rank_consistency=None,
 )
+# rank_consistency keys that belong to nonfinite_skip since the split.
+_SKIP_KEYS_IN_RANK_CONSISTENCY = ('skip_nonfinite', 'max_consecutive_skips')
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
 
 
@@ -130,8 +133,15 @@ class ExtRunner(Runner):
         boxes) and a warning says how many there were. Defaults to True
         (the only key on without the base file: it changes no finite
         prediction).
+      - nonfinite_skip (dict | None): keyword arguments of
+        ``NonFiniteSkipHook`` (a NaN/inf loss on any rank skips that step on
+        every rank).
       - rank_consistency (dict | None): keyword arguments of
-        ``RankConsistencyHook``.
+        ``RankConsistencyHook``. A config that sets it but not
+        ``nonfinite_skip`` (written before the two were split) keeps
+        skipping non-finite steps, with the old ``skip_nonfinite`` and
+        ``max_consecutive_skips`` keys, and a warning naming
+        ``nonfinite_skip``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -285,9 +295,7 @@ class ExtRunner(Runner):
                 f'({type(ext["finite_predictions"]).__name__}).')
         if ext['finite_predictions']:
             wanted.append(('FinitePredictionsHook', {}))
-        if ext['rank_consistency'] is not None:
-            wanted.append(('RankConsistencyHook',
-                           dict(ext['rank_consistency'])))
+        wanted += self._consistency_and_skip_hooks(ext)
         for hook_type, kwargs in wanted:
             cls = HOOKS.get(hook_type) if isinstance(hook_type,
                                                      str) else hook_type
@@ -297,6 +305,47 @@ class ExtRunner(Runner):
                     'registered; is mmddp_ext up to date?')
             if not any(isinstance(h, cls) for h in self._hooks):
                 self.register_hook(cls(**kwargs))
+
+    def _consistency_and_skip_hooks(self, ext: dict) -> list:
+        """RankConsistencyHook and NonFiniteSkipHook as ``mmddp_ext_cfg``
+        asks, reading a config from before their split as it was meant."""
+        wanted = []
+        checks, skip = ext['rank_consistency'], ext['nonfinite_skip']
+        if checks is not None:
+            checks = dict(checks)
+            old = {
+                key: checks.pop(key)
+                for key in _SKIP_KEYS_IN_RANK_CONSISTENCY if key in checks
+            }
+            given = self.cfg.get('mmddp_ext_cfg') or {}
+            if 'nonfinite_skip' not in given:
+                if old.pop('skip_nonfinite', True):
+                    skip = old
+                print_log(
+                    'ExtRunner: mmddp_ext_cfg.rank_consistency no longer '
+                    'switches non-finite step skipping on or off; '
+                    'NonFiniteSkipHook does that, under '
+                    'mmddp_ext_cfg.nonfinite_skip. This config does not set '
+                    'it, so skipping stays as it was '
+                    f"({'on, ' + repr(skip) if skip is not None else 'off'})"
+                    ': set mmddp_ext_cfg.nonfinite_skip=dict(...) (None: '
+                    'off) and remove skip_nonfinite/max_consecutive_skips '
+                    'from rank_consistency.',
+                    logger='current',
+                    level=logging.WARNING)
+            elif old:
+                print_log(
+                    f'ExtRunner: mmddp_ext_cfg.rank_consistency sets {old}, '
+                    'which belong to mmddp_ext_cfg.nonfinite_skip now; '
+                    'ignored, as nonfinite_skip is set.',
+                    logger='current',
+                    level=logging.WARNING)
+            # Skipping is NonFiniteSkipHook's, registered below if wanted.
+            wanted.append(('RankConsistencyHook',
+                           dict(checks, skip_nonfinite=False)))
+        if skip is not None:
+            wanted.append(('NonFiniteSkipHook', dict(skip)))
+        return wanted
 
     def load_checkpoint(self, filename: str, *args, **kwargs):
         with safe_checkpoint_loading(self.cfg.get('trusted_checkpoints')):
