@@ -460,10 +460,10 @@ def _restart_text() -> str:
 
 
 def _log_on_every_rank(message: str) -> None:
-    """Rank 0 logs ``message`` (console and log file); the other ranks,
-    whose MMEngine logger shows errors only, print it."""
-    if get_rank() == 0:
-        print_log(message, logger='current')
-    else:
+    """Log ``message`` on every rank: MMEngine's logger shows the other
+    ranks' INFO lines nowhere on the console (and writes their log files
+    only with ``log_level='DEBUG'``), so they print it as well."""
+    print_log(message, logger='current')
+    if get_rank() != 0:
         print_log(message, logger=None)
         sys.stdout.flush()
