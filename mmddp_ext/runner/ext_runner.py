@@ -1,13 +1,16 @@
 import copy
 import inspect
 import logging
-from typing import Dict, List, Optional, Union
+import os
+import os.path as osp
+import sys
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch.distributed as dist
 import torch.nn as nn
 from mmengine.device import get_device
-from mmengine.dist import (all_gather_object, get_rank, get_world_size,
-                           is_distributed)
+from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
+                           get_world_size, is_distributed)
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
@@ -21,8 +24,14 @@ from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
 from ..utils.dist_env import (check_launch_environment, init_distributed,
                               rank_device)
-from ..wrappers.auto_ddp import UnexpectedUnusedParameterError
-from ..wrappers.auto_ddp_restart import keep_need_for_restart
+from ..utils.run_record import read_record, write_record
+from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
+                                 UnexpectedUnusedParameterError)
+from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
+                                         read_need)
+from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
+                          choose_start, peek_is_training_checkpoint,
+                          restart_count)
 
 # mmddp_ext_cfg keys and their values when the key is absent.
 EXT_CFG_DEFAULTS = dict(
@@ -31,8 +40,11 @@ EXT_CFG_DEFAULTS = dict(
     empty_gt_guard=None,
     empty_gt_stats=False,
     finite_predictions=True,
+    nonfinite_skip=None,
     rank_consistency=None,
 )
+# rank_consistency keys that belong to nonfinite_skip since the split.
+_SKIP_KEYS_IN_RANK_CONSISTENCY = ('skip_nonfinite', 'max_consecutive_skips')
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
 
 
@@ -71,13 +83,32 @@ class ExtRunner(Runner):
       only tensors and plain types), :class:`RankStatusHook`, and the hooks
       that ``mmddp_ext_cfg`` switches on, unless the config lists them.
     - ``load_checkpoint``: reads local files with ``weights_only=True``.
+    - ``load_or_resume`` (when training starts): one rule for every
+      launch, torchrun restart and resume
+      (:func:`~mmddp_ext.runner.start_point.choose_start`): the run
+      continues from the newest of its own latest checkpoint and what it
+      was started with (``load_from``, or the checkpoint ``--resume``
+      named). A fine-tune restarted before its first checkpoint loads its
+      ``load_from`` again (stock auto-resume found no checkpoint and
+      trained from random weights); one restarted after a checkpoint
+      resumes from it without loading ``load_from`` on top. Rank 0 decides,
+      every rank logs which file it loaded and why. A stored AutoDDP
+      decision (the resumed checkpoint's, or the need the work dir records
+      from a run stopped before its first checkpoint) is applied at once,
+      before any hook's ``before_train``.
     - ``train``: when a collective times out, re-raises with every rank's
       last reported iteration and phase; when AutoDDP stops every rank for
-      parameters gone unused, records in the latest checkpoint that the
-      run needs ``find_unused_parameters=True`` (so a restart resumes that
-      way).
+      parameters gone unused, records in the work dir that the run needs
+      ``find_unused_parameters=True`` (so a restart builds DDP that way).
 
     Config keys it reads besides ``Runner``'s:
+
+    - resume (bool | str): ``False`` (default): a new run, from
+      ``load_from`` if set. ``'auto'`` (``tools/train.py --resume``):
+      continue from the work dir's latest checkpoint, else start from
+      ``load_from``. ``True``: as MMEngine, resume from ``load_from`` when
+      it is a training checkpoint (``--resume PATH``); when ``load_from``
+      holds weights only (a pretrained model) or is unset, as ``'auto'``.
 
     - trusted_checkpoints (list[str]): Checkpoint paths that may be loaded
       with ``weights_only=False`` if the safe load refuses them (files from
@@ -102,8 +133,15 @@ class ExtRunner(Runner):
         boxes) and a warning says how many there were. Defaults to True
         (the only key on without the base file: it changes no finite
         prediction).
+      - nonfinite_skip (dict | None): keyword arguments of
+        ``NonFiniteSkipHook`` (a NaN/inf loss on any rank skips that step on
+        every rank).
       - rank_consistency (dict | None): keyword arguments of
-        ``RankConsistencyHook``.
+        ``RankConsistencyHook``. A config that sets it but not
+        ``nonfinite_skip`` (written before the two were split) keeps
+        skipping non-finite steps, with the old ``skip_nonfinite`` and
+        ``max_consecutive_skips`` keys, and a warning naming
+        ``nonfinite_skip``.
     """
 
     def __init__(self, *args, **kwargs):
@@ -257,9 +295,7 @@ class ExtRunner(Runner):
                 f'({type(ext["finite_predictions"]).__name__}).')
         if ext['finite_predictions']:
             wanted.append(('FinitePredictionsHook', {}))
-        if ext['rank_consistency'] is not None:
-            wanted.append(('RankConsistencyHook',
-                           dict(ext['rank_consistency'])))
+        wanted += self._consistency_and_skip_hooks(ext)
         for hook_type, kwargs in wanted:
             cls = HOOKS.get(hook_type) if isinstance(hook_type,
                                                      str) else hook_type
@@ -270,11 +306,126 @@ class ExtRunner(Runner):
             if not any(isinstance(h, cls) for h in self._hooks):
                 self.register_hook(cls(**kwargs))
 
+    def _consistency_and_skip_hooks(self, ext: dict) -> list:
+        """RankConsistencyHook and NonFiniteSkipHook as ``mmddp_ext_cfg``
+        asks, reading a config from before their split as it was meant."""
+        wanted = []
+        checks, skip = ext['rank_consistency'], ext['nonfinite_skip']
+        if checks is not None:
+            checks = dict(checks)
+            old = {
+                key: checks.pop(key)
+                for key in _SKIP_KEYS_IN_RANK_CONSISTENCY if key in checks
+            }
+            given = self.cfg.get('mmddp_ext_cfg') or {}
+            if 'nonfinite_skip' not in given:
+                if old.pop('skip_nonfinite', True):
+                    skip = old
+                print_log(
+                    'ExtRunner: mmddp_ext_cfg.rank_consistency no longer '
+                    'switches non-finite step skipping on or off; '
+                    'NonFiniteSkipHook does that, under '
+                    'mmddp_ext_cfg.nonfinite_skip. This config does not set '
+                    'it, so skipping stays as it was '
+                    f"({'on, ' + repr(skip) if skip is not None else 'off'})"
+                    ': set mmddp_ext_cfg.nonfinite_skip=dict(...) (None: '
+                    'off) and remove skip_nonfinite/max_consecutive_skips '
+                    'from rank_consistency.',
+                    logger='current',
+                    level=logging.WARNING)
+            elif old:
+                print_log(
+                    f'ExtRunner: mmddp_ext_cfg.rank_consistency sets {old}, '
+                    'which belong to mmddp_ext_cfg.nonfinite_skip now; '
+                    'ignored, as nonfinite_skip is set.',
+                    logger='current',
+                    level=logging.WARNING)
+            # Skipping is NonFiniteSkipHook's, registered below if wanted.
+            wanted.append(('RankConsistencyHook',
+                           dict(checks, skip_nonfinite=False)))
+        if skip is not None:
+            wanted.append(('NonFiniteSkipHook', dict(skip)))
+        return wanted
+
     def load_checkpoint(self, filename: str, *args, **kwargs):
         with safe_checkpoint_loading(self.cfg.get('trusted_checkpoints')):
             return super().load_checkpoint(filename, *args, **kwargs)
 
+    def load_or_resume(self) -> None:
+        """Differs from ``Runner.load_or_resume`` when training starts: the
+        start follows :func:`~mmddp_ext.runner.start_point.choose_start`
+        (see the class docstring), rank 0 decides it for every rank, each
+        rank logs it, and AutoDDP applies a stored decision before the
+        first step. Validation and testing load as stock."""
+        if self._has_loaded or not self._training_starts:
+            return super().load_or_resume()
+        check_resume(self._resume)
+        start, need = self._agree_on_start()
+        _log_on_every_rank(f'ExtRunner (rank {self.rank}/{self.world_size})'
+                           f'{_restart_text()}: {start.describe()}.')
+        # What the runner loads, for hooks that read them (EMAHook swaps
+        # its weights in after_load_checkpoint only for a resume).
+        self._resume = start.action == 'resume'
+        self._load_from = start.path
+        if start.action == 'resume':
+            self.resume(start.path)
+        elif start.action == 'load':
+            self.load_checkpoint(start.path)
+        self._has_loaded = True
+        kept = self.message_hub.get_info(DECISION_INFO_KEY) or {}
+        if need is not None and not kept.get('find_unused_parameters'):
+            # Learnt after the checkpoint it resumed, or with none written.
+            self.message_hub.update_info(DECISION_INFO_KEY, need)
+        if isinstance(self.model, AutoDDP):
+            self.model.apply_resumed_decision()
+
+    def _agree_on_start(self) -> Tuple[StartPoint, Optional[dict]]:
+        """Rank 0's start and AutoDDP need, on every rank (a failure on rank
+        0 is raised on every rank)."""
+        decided: List = [None]
+        if self.rank == 0:
+            try:
+                decided = [self._decide_start()]
+            except (OSError, ValueError) as error:
+                decided = [f'{type(error).__name__}: {error}']
+        broadcast_object_list(decided)
+        if isinstance(decided[0], str):
+            raise ValueError(
+                f'ExtRunner (rank {self.rank}): rank 0 could not work out '
+                f'where training starts: {decided[0]}')
+        return decided[0]
+
+    def _decide_start(self) -> Tuple[StartPoint, Optional[dict]]:
+        """Apply the rule to the work dir; keep its record; find the
+        AutoDDP need of the run this launch continues, if any."""
+        work_dir = self.work_dir
+        last = osp.join(work_dir, 'last_checkpoint')
+        latest = None
+        if osp.isfile(last):
+            with open(last) as f:
+                latest = checkpoint_stamp(f.read().strip() or None)
+        trusted = self.cfg.get('trusted_checkpoints')
+        start, record = choose_start(
+            self._resume,
+            self._load_from,
+            latest,
+            restart=restart_count(),
+            record=read_record(work_dir, RECORD),
+            is_training_checkpoint=lambda path: peek_is_training_checkpoint(
+                path, trusted))
+        if record is not None:
+            write_record(work_dir, RECORD, record)
+            if not record['inputs']['resume']:  # a new run
+                forget_need(work_dir)
+                return start, None
+        return start, read_need(work_dir)
+
+    @property
+    def _training_starts(self) -> bool:
+        return getattr(self, '_in_train', False)
+
     def train(self) -> nn.Module:
+        self._in_train = True
         try:
             return super().train()
         except UnexpectedUnusedParameterError as error:
@@ -296,3 +447,23 @@ class ExtRunner(Runner):
                 '(different loss keys, a skipped branch, an extra '
                 'collective); see that rank\'s log. The timeout is '
                 'env_cfg.dist_cfg.timeout (seconds).') from error
+
+
+def _restart_text() -> str:
+    restarts = restart_count()
+    if not restarts:
+        return ''
+    limit = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')
+    return (f', restart {restarts} of at most {limit} (torchrun restarted '
+            'every rank after one failed or was killed; its exit is '
+            'reported above)')
+
+
+def _log_on_every_rank(message: str) -> None:
+    """Log ``message`` on every rank: MMEngine's logger shows the other
+    ranks' INFO lines nowhere on the console (and writes their log files
+    only with ``log_level='DEBUG'``), so they print it as well."""
+    print_log(message, logger='current')
+    if get_rank() != 0:
+        print_log(message, logger=None)
+        sys.stdout.flush()
