@@ -4,7 +4,8 @@
 #   python tools/convert_dfine_checkpoint.py dfine_n_coco.pth \
 #       checkpoints/dfine_n_coco_mmdet.pth \
 #       --config projects/D-FINE/configs/dfine_hgnetv2_n_custom.py
-#   bash tools/dist_train.sh projects/D-FINE/configs/dfine_hgnetv2_n_custom.py 8
+#   bash tools/dist_train.sh \
+#       projects/D-FINE/configs/dfine_hgnetv2_n_custom.py 8
 # Edit data_root and classes below. load_from keeps every weight except the
 # class-sized layers (mismatched shapes are skipped with a warning); the
 # backbone's ImageNet init is off, load_from replaces it.
