@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 
 class LearnableAffineBlock(nn.Module):
-    """``scale * x + bias`` with two learned scalars (``lab``)."""
+    """``scale * x + bias`` with two learned scalars (``lab``), in one
+    ``addcmul`` pass (upstream: a multiplication, then an addition)."""
 
     def __init__(self,
                  scale_value: float = 1.0,
@@ -20,7 +21,7 @@ class LearnableAffineBlock(nn.Module):
         self.bias = nn.Parameter(torch.tensor([bias_value]))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.scale * x + self.bias
+        return torch.addcmul(self.bias, self.scale, x)
 
 
 class ConvBNAct(nn.Module):
