@@ -10,8 +10,7 @@ from torch import Tensor, nn
 
 
 class LearnableAffineBlock(nn.Module):
-    """``scale * x + bias`` with two learned scalars (``lab``), in one
-    ``addcmul`` pass (upstream: a multiplication, then an addition)."""
+    """``scale * x + bias`` with two learned scalars (``lab``)."""
 
     def __init__(self,
                  scale_value: float = 1.0,
@@ -21,7 +20,7 @@ class LearnableAffineBlock(nn.Module):
         self.bias = nn.Parameter(torch.tensor([bias_value]))
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.addcmul(self.bias, self.scale, x)
+        return self.scale * x + self.bias
 
 
 class ConvBNAct(nn.Module):
