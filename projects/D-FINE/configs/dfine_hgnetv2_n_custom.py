@@ -18,8 +18,10 @@
 # backbone's BN keeps it, as upstream's '(?!.*norm)' does not match 'bn');
 # grad clip 0.1; a 500-iteration linear warm-up, then constant lr
 # (upstream MultiStepLR at epoch 500); EMA 0.9999 with 1000 warm-up
-# updates; AMP (upstream's --use-amp); 16 images per GPU on 8 GPUs
-# (total_batch_size 128).
+# updates; 16 images per GPU on 8 GPUs (total_batch_size 128). Upstream
+# trains with AMP (include/optimizer.yml use_amp: True); MMEngine's
+# AmpOptimWrapper refuses CPU ranks, so this config leaves it off: on GPUs
+# add --cfg-options optim_wrapper.type=AmpOptimWrapper.
 _base_ = [
     '../../RT-DETR/configs/_base_/rtdetrv2_coco.py',
     './_base_/dfine_hgnetv2_n.py',
@@ -52,13 +54,16 @@ test_evaluator = val_evaluator
 max_epochs = 220
 train_cfg = dict(max_epochs=max_epochs)
 optim_wrapper = dict(
-    optimizer=dict(lr=8e-4, betas=(0.9, 0.999), weight_decay=1e-4),
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(
+        type='AdamW', lr=8e-4, betas=(0.9, 0.999), weight_decay=1e-4),
+    clip_grad=dict(max_norm=0.1, norm_type=2),
     # The longest matching key wins: every backbone parameter gets lr
     # 4e-4 with weight decay; elsewhere names with 'norm' or 'bias' get no
     # weight decay (upstream: '^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|
     # bias)).*$').
     paramwise_cfg=dict(
-        _delete_=True,
         custom_keys={
             'backbone': dict(lr_mult=0.5),
             'norm': dict(decay_mult=0.0),
