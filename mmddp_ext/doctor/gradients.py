@@ -5,25 +5,49 @@ DETR-family losses are normalised by counts averaged over the ranks
 (``reduce_mean`` of the matched boxes and of the classification factor);
 DDP then averages the gradients, so N ranks equal one process over the
 whole batch exactly when each image's computation does not depend on the
-rest of its batch. Four things legitimately break that and are removed
-before comparing (and listed in the report): random noise in the
-denoising queries, dropout, per-rank BatchNorm statistics, and denoising
-groups sized by the largest GT count of the local batch (every image gets
-the same number of boxes). Image padding to the largest image of the
-local batch is reported when the images differ in size. A difference
-that remains is a bug: a loss normalised by the local count only, or a
-term computed on some ranks only.
+rest of its batch. The comparison's batches give the ranks different box
+counts (see :mod:`.schedule`), so a loss normalised by a rank's own count
+shows. Four things legitimately break the equality and are removed before
+comparing: random noise in the denoising queries, dropout, per-rank
+BatchNorm statistics (:mod:`.determinism`), and denoising groups sized by
+the largest GT count of the local batch (every batch has the same
+largest count). The data preprocessor runs from the same state for the
+ranks and for the reference (batch augments such as
+``BatchSyncRandomResize`` keep a size between calls). Padding to the
+largest image of the local batch is reported when the images differ in
+size (the schedule picks images of one size when it can). A difference
+that remains comes from a loss normalised by a count of the local batch,
+or a term computed on some ranks only.
+
+Which code computes it decides the verdict. While the reference runs, the
+code of every function called on each loss head (a top-level module with
+a ``loss`` method, or a list of them) is recorded (:func:`head_code`).
+Several of MMDetection's own heads normalise some terms by the local
+count by design (``AnchorHead``'s ``avg_factor``, the RPN, RoI heads,
+DETR heads without ``sync_cls_avg_factor``); a difference in a head that
+runs only MMDetection's (and its libraries') code is that upstream
+behaviour. A difference in a head that runs other code (the project's,
+the user's) is a bug there.
 """
+import contextlib
+import copy
+import os
+import os.path as osp
+import random
+import sys
 from collections import OrderedDict
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 
+from ..utils.ddp_averaging import average_gradients, ranks_with_gradient
 from .collectives import single_process_view
 from .determinism import split_invariant
 
 FP32_TOLERANCE = 1e-4
+PREPROCESS_SEED = 4321
 
 
 def _grads(params) -> Dict[str, torch.Tensor]:
@@ -54,41 +78,158 @@ def relative_errors(ddp: Dict[str, torch.Tensor],
     }
 
 
-def _padded_shape(probe, batch: dict) -> List[int]:
-    return list(probe.model.data_preprocessor(batch, False)['inputs'].shape)
+def loss_errors(per_rank: List[Dict[str, float]],
+                whole: Dict[str, Any]) -> Dict[str, float]:
+    """Per loss term, ``|mean over ranks - one process| / |one process|``.
+    A term normalised by counts over every rank (or averaged per image)
+    has the same mean over the ranks as over the whole batch; one
+    normalised by the local count has not."""
+    errors = {}
+    for key, value in whole.items():
+        if not all(key in values for values in per_rank):
+            continue
+        mean = sum(values[key] for values in per_rank) / len(per_rank)
+        errors[key] = abs(mean - float(value)) / max(abs(float(value)), 1e-12)
+    return errors
+
+
+@contextlib.contextmanager
+def _preprocessor_from(model, state) -> Iterator[None]:
+    """Run ``model`` with a copy of the data preprocessor ``state`` and
+    Python's random module seeded alike."""
+    kept = model.data_preprocessor
+    model.data_preprocessor = copy.deepcopy(state)
+    saved = random.getstate()
+    random.seed(PREPROCESS_SEED)
+    try:
+        yield
+    finally:
+        random.setstate(saved)
+        model.data_preprocessor = kept
+
+
+def library_dirs() -> List[str]:
+    """Where MMDetection and the libraries under it live: code there is
+    upstream's."""
+    import mmcv
+    import mmdet
+    import mmengine
+    return [
+        osp.dirname(osp.abspath(m.__file__)) + os.sep
+        for m in (mmdet, mmengine, mmcv, torch)
+    ]
+
+
+def loss_heads(model: nn.Module) -> Dict[str, List[nn.Module]]:
+    """Top-level modules that compute losses (a ``loss`` method), or lists
+    of such modules, by name."""
+    heads = {}
+    for name, child in model.named_children():
+        members = [child] if hasattr(child, 'loss') else [
+            c for c in child.children() if hasattr(c, 'loss')
+        ] if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
+        if members:
+            heads[name] = members
+    return heads
+
+
+@contextlib.contextmanager
+def head_code(model: nn.Module) -> Iterator[Dict[str, dict]]:
+    """Inside the block, record for each loss head the class and the files
+    of the functions called on it (``self`` is the head) that are outside
+    MMDetection and its libraries."""
+    heads = loss_heads(model)
+    owner = {id(m): name for name, members in heads.items() for m in members}
+    found: Dict[str, dict] = {
+        name: dict(classes=sorted({type(m).__name__ for m in members}),
+                   files=set())
+        for name, members in heads.items()
+    }
+    libraries = tuple(library_dirs())
+
+    def profile(frame, event, arg):
+        code = frame.f_code
+        if (event != 'call' or not code.co_argcount
+                or code.co_varnames[0] != 'self'):
+            return
+        name = owner.get(id(frame.f_locals.get('self')))
+        if name is not None:
+            path = osp.abspath(frame.f_code.co_filename)
+            if not path.startswith(libraries):
+                found[name]['files'].add(path)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield found
+    finally:
+        sys.setprofile(previous)
+        for entry in found.values():
+            entry['files'] = sorted(entry['files'])
+
+
+def _collated(probe, samples: List[dict]) -> dict:
+    """A batch of copies (batch augments edit data samples in place)."""
+    return probe.collate(copy.deepcopy(samples))
+
+
+def _padded_shape(probe, samples: List[dict], state) -> List[int]:
+    """Height and width of the batch as the training forward gets it."""
+    with _preprocessor_from(probe.model, state), single_process_view():
+        inputs = probe.model.data_preprocessor(
+            _collated(probe, samples), True)['inputs']
+    return list(inputs.shape[-2:])
 
 
 def compare_gradients(probe) -> Dict[str, Any]:
-    """Run on every rank; rank 0's result holds the comparison."""
+    """Run on every rank; rank 0's result holds the comparison.
+
+    Args:
+        probe: The rank's probe: ``model``, ``params`` (trainable named
+            parameters), ``optim_wrapper``, ``recorder``, ``schedule``,
+            ``collate``, ``rank`` and ``forward_loss(batch)``.
+    """
     batches = probe.schedule.equivalence_batches()
     model = probe.model
-    result: Dict[str, Any] = dict(tolerance=FP32_TOLERANCE)
+    result: Dict[str, Any] = dict(
+        tolerance=FP32_TOLERANCE,
+        box_counts=probe.schedule.box_counts(batches))
+    state = copy.deepcopy(model.data_preprocessor)
     with split_invariant(model):
         probe.optim_wrapper.zero_grad()
         probe.recorder.start_iteration()
-        with probe.recorder.recording('forward'):
-            _, loss, _ = probe.forward_loss(probe.collate(batches[probe.rank]))
-        with probe.recorder.recording('backward'):
-            loss.backward()
-        from .probe import average_gradients
-        average_gradients([p for _, p in probe.params])
+        with _preprocessor_from(model, state):
+            with probe.recorder.recording('forward'):
+                _, loss, log_vars = probe.forward_loss(
+                    _collated(probe, batches[probe.rank]))
+            with probe.recorder.recording('backward'):
+                loss.backward()
+        params = [p for _, p in probe.params]
+        counts = ranks_with_gradient(params)
+        average_gradients([p for p, c in zip(params, counts) if c])
         result['diverged'] = probe.recorder.divergence is not None
+        values: List[Dict[str, float]] = [None] * probe.world_size
+        dist.all_gather_object(
+            values, {k: float(v)
+                     for k, v in log_vars.items()},
+            group=probe.side_group)
         if probe.rank == 0:
             averaged = _grads(probe.params)
             probe.optim_wrapper.zero_grad()
-            whole = probe.collate([s for b in batches for s in b])
-            with single_process_view():
-                _, loss, _ = probe.forward_loss(whole)
+            whole = [s for b in batches for s in b]
+            with _preprocessor_from(model, state), single_process_view():
+                with head_code(model) as code:
+                    _, loss, log_vars = probe.forward_loss(
+                        _collated(probe, whole))
                 loss.backward()
+            result['head_code'] = code
             result['relative_error'] = relative_errors(
                 averaged, _grads(probe.params))
-            rank_shapes = [
-                _padded_shape(probe, probe.collate(b))[2:] for b in batches
-            ]
+            result['loss_error'] = loss_errors(values, log_vars)
             result['padded_shapes'] = dict(
-                ranks=rank_shapes,
-                whole=_padded_shape(probe, whole)[2:])
-            result['boxes_per_image'] = len(
-                batches[0][0]['data_samples'].gt_instances)
+                ranks=[
+                    _padded_shape(probe, b, state) for b in batches
+                ],
+                whole=_padded_shape(probe, whole, state))
         probe.optim_wrapper.zero_grad()
     return result

@@ -1,16 +1,19 @@
 """``--shrink``: smaller images and batches, the same architecture.
 
-Every image-size setting of the pipelines (``scale``, ``scales``,
-``crop_size``, ``img_scale`` of any transform) is scaled down so that its
-shorter side is at most ``short_side``, keeping the aspect ratio (a
-``(400, 4200)`` resize, which means "short side 400, long side nearly
-free", becomes ``(128, 1344)``), and the train batch size is capped.
-Layers, queries and losses stay as they are, so the graph, the loss keys
-and the collectives are those of the full model.
+Every image-size setting of the pipelines and of the data preprocessor's
+batch augments (``scale``, ``scales``, ``crop_size``, ``img_scale``,
+``size`` of any transform; ``random_size_range`` of
+``BatchSyncRandomResize``; ``size`` of ``BatchFixedSizePad``) is scaled
+down so that its shorter side is at most ``short_side``, keeping the
+aspect ratio (a ``(400, 4200)`` resize, which means "short side 400, long
+side nearly free", becomes ``(128, 1344)``), and the train batch size is
+capped. Layers, queries and losses stay as they are, so the graph, the
+loss keys and the collectives are those of the full model.
 """
 from typing import Any
 
-SIZE_KEYS = ('scale', 'scales', 'crop_size', 'img_scale')
+SIZE_KEYS = ('scale', 'scales', 'crop_size', 'img_scale', 'size',
+             'random_size_range')
 SHORT_SIDE = 128
 MAX_BATCH = 2
 
@@ -39,11 +42,16 @@ def _shrink_node(node: Any, short_side: int) -> Any:
 
 def shrink_config(cfg, short_side: int = SHORT_SIDE,
                   max_batch: int = MAX_BATCH) -> None:
-    """Shrink ``cfg``'s dataloader pipelines and train batch in place."""
+    """Shrink ``cfg``'s dataloader pipelines, batch augments and train
+    batch in place."""
     for split in ('train', 'val', 'test'):
         key = f'{split}_dataloader'
         if cfg.get(key):
             cfg[key] = _shrink_node(cfg[key], short_side)
+    model = cfg.get('model') or {}
+    if model.get('data_preprocessor'):
+        model['data_preprocessor'] = _shrink_node(model['data_preprocessor'],
+                                                  short_side)
     loader = cfg.get('train_dataloader')
     if loader:
         loader['batch_size'] = min(loader.get('batch_size', 1), max_batch)
