@@ -187,15 +187,16 @@ def run_doctor(cfg,
                   fix=['# fix the model config (the error names the key)'])
         ])
     setup = launch_setup(cfg)
+    blocking = [c for c in report.checks
+                if c.verdict == BLOCKER and c.name in PROBE_NEEDS]
+    probed = dynamic and not blocking
     if model is not None:
-        report.add(config_checks(cfg, nproc, setup, model))
+        report.add(config_checks(cfg, nproc, setup, model, probed))
     progress(3, PHASES, 'static checks: environment')
     report.add(environment_checks(cfg, nproc, setup))
     report.timings['static_s'] = time.perf_counter() - started
 
-    blocking = [c for c in report.checks
-                if c.verdict == BLOCKER and c.name in PROBE_NEEDS]
-    if dynamic and not blocking:
+    if probed:
         progress(4, PHASES, f'dynamic checks: {nproc} gloo ranks, {iters} '
                  'iteration(s)' + (' + gradient equivalence'
                                    if gradients else ''))

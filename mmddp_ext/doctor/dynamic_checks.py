@@ -643,8 +643,10 @@ def _difference(result: dict, what: str, details: dict) -> Check:
              if e > tolerance and k != 'loss'}
     shown = sorted(terms, key=lambda k: -terms[k])
     code = result.get('head_code', {})
+    small = result.get('small_difference', tolerance)
     heads = [m for m in over if m in code]
     own = [m for m in heads if code[m]['files']]
+    large = [m for m in (own or over) if errors[m] > small]
     evidence = (
         f'{what}: relative gradient errors above {tolerance:.0e}: {listed}.' +
         (f" Loss terms whose mean over the ranks differs from one process's "
@@ -673,6 +675,15 @@ def _difference(result: dict, what: str, details: dict) -> Check:
             'weigh by how many boxes its own batch holds, not as one process '
             'over the whole batch.', fix=fix, details=details)
     culprits = own or over[:1]
+    if not large:
+        return Check(
+            'gradients', name, WARN,
+            evidence + f' The difference is small (at most {small:.0e} in '
+            f"{', '.join(culprits)}): padding, sampling or query groups "
+            'sized by the local batch, or a weakly count-dependent term',
+            on_gpus='trains; each rank\'s batch shapes its gradient a little '
+            'differently from one process over the whole batch.',
+            fix=fix, details=details)
     where = '; '.join(
         f"{m} ({', '.join(code[m]['classes'])}, code in "
         f"{', '.join(code[m]['files'][:3])})" if m in code else m

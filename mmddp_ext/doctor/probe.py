@@ -125,12 +125,14 @@ class RankProbe:
         self.gradient_check = gradient_check
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.setup = launch_setup(cfg)
+        self.started = time.perf_counter()
         self.result: Dict[str, Any] = dict(
             rank=self.rank, iterations=[], checkpoint_sites=[])
 
     # ------------------------------------------------------------ the loop
     def run(self, loop) -> None:
         """Prepare the rank's step, then the comparison and iterations."""
+        self.result['runner_built_s'] = time.perf_counter() - self.started
         self.loop, self.runner = loop, loop.runner
         self.model = self.runner.model
         self.optim_wrapper = self.runner.optim_wrapper
@@ -156,6 +158,7 @@ class RankProbe:
         self.side_group = dist.new_group(backend='gloo')
         self.recorder = CollectiveRecorder(self.side_group)
         if self.gradient_check:
+            start = time.perf_counter()
             try:
                 self.result['gradients'] = compare_gradients(self)
             except Exception as error:  # the report says what failed
@@ -163,6 +166,7 @@ class RankProbe:
                     error=describe_error(error, 'gradient comparison'))
                 self.recorder.report_failure(error)
                 self.optim_wrapper.zero_grad()
+            self.result['gradients_s'] = time.perf_counter() - start
         for k in range(self.iters):
             self.result['iterations'].append(self.iteration(k))
             loop._iter += 1
@@ -184,6 +188,7 @@ class RankProbe:
         ``record`` and the peers are told. Returns whether it ran."""
         if record['error'] is not None:
             return False
+        start = time.perf_counter()
         try:
             with self.recorder.recording(name):
                 fn()
@@ -193,6 +198,9 @@ class RankProbe:
                 error, name, after_divergence=self.recorder.diverged)
             self.recorder.report_failure(error)
             return False
+        finally:
+            record.setdefault('phase_s', {})[name] = round(
+                time.perf_counter() - start, 3)
 
     def iteration(self, k: int) -> Dict[str, Any]:
         """Run iteration ``k`` of the schedule and return its record."""

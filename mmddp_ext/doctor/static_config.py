@@ -23,8 +23,13 @@ def check_wrapper(setup: DDPSetup) -> Check:
          'model needs find_unused_parameters'))
 
 
-def check_checkpointing(setup: DDPSetup, model: nn.Module,
-                        activation_checkpointing=()) -> Check:
+def check_checkpointing(setup: DDPSetup,
+                        model: nn.Module,
+                        activation_checkpointing=(),
+                        probed: bool = False) -> Check:
+    """Checkpointing switched on in the built model against the DDP flag.
+    With ``probed``, the dynamic check (which sees the parameters hidden
+    in the iterations) gives the verdict on a conflict; this one warns."""
     name = 'activation checkpointing'
     names = checkpoint_sites.switched_on(model, activation_checkpointing)
     if not names:
@@ -40,6 +45,15 @@ def check_checkpointing(setup: DDPSetup, model: nn.Module,
             f'{len(names)} checkpointing module(s) ({listed}); '
             f"CheckpointConflictHook policy '{setup.checkpoint_policy}' "
             'resolves any conflict with DDP', details=details)
+    if setup.find_unused and probed:
+        return Check(
+            PHASE, name, WARN,
+            f'reentrant checkpointing in {len(names)} module(s) ({listed}) '
+            'with find_unused_parameters=True: a conflict wherever these '
+            "modules' parameters reach the loss; dynamic/checkpointing and "
+            'DDP gives the verdict from the iterations',
+            fix=[f'# or: {k}=False' for k in keys][:1],
+            details=details)
     if setup.find_unused:
         stops = setup.checkpoint_policy == 'error'
         return Check(
@@ -242,12 +256,17 @@ def check_coherence(cfg, setup: DDPSetup) -> Check:
                  f", runner {setup.runner_type}")
 
 
-def config_checks(cfg, nproc: int, setup: DDPSetup,
-                  model: nn.Module) -> List[Check]:
+def config_checks(cfg,
+                  nproc: int,
+                  setup: DDPSetup,
+                  model: nn.Module,
+                  probed: bool = False) -> List[Check]:
+    """The config checks; ``probed``: the dynamic probe runs after them."""
     return [
         check_wrapper(setup),
         check_checkpointing(setup, model,
-                            cfg.get('activation_checkpointing') or ()),
+                            cfg.get('activation_checkpointing') or (),
+                            probed),
         check_data_loading(cfg, setup),
         check_auto_scale_lr(cfg, nproc),
         check_sync_bn(cfg, nproc, model),

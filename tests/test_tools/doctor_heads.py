@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from mmdet.models.dense_heads import (DINOHead, deformable_detr_head,
                                       detr_head, dino_head)
+from mmdet.models.detectors import DINO
 from mmdet.registry import HOOKS, MODELS
 from mmengine.hooks import Hook
 
@@ -110,3 +111,15 @@ class SetHeadEpochHook(Hook):
         model = runner.model.module if hasattr(runner.model,
                                                'module') else runner.model
         model.bbox_head.epoch = runner.epoch
+
+
+@MODELS.register_module()
+class SelfSyncBNDINO(DINO):
+    """Converts its BatchNorm layers to SyncBatchNorm itself when it is
+    built in a process group of more than one rank, as mmdet's RTMDet
+    does (``use_syncbn``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            nn.SyncBatchNorm.convert_sync_batchnorm(self)
