@@ -327,7 +327,8 @@ def test_bad_arguments_are_refused():
 def test_shrink_scales_pipelines_and_batch_augments_keeps_the_model():
     """--shrink: every image size of the pipelines and of the batch
     augments down to a short side of 128 (aspect kept), the train batch
-    capped at 2, the model untouched."""
+    capped at 2 and the query count at 100; the rest of the model
+    untouched."""
     from mmddp_ext.doctor import shrink_config
     cfg = _cfg(
         osp.join(REPO_ROOT, 'projects', 'RT-DETR', 'configs',
@@ -344,6 +345,8 @@ def test_shrink_scales_pipelines_and_batch_augments_keeps_the_model():
     assert cfg.train_dataloader.num_workers == 0
     model_after = cfg.model.copy()
     model_after.pop('data_preprocessor')
+    assert (model_before.num_queries, model_after.num_queries) == (300, 100)
+    model_after.num_queries = 300
     assert model_after == model_before
 
     lsj = _cfg(
