@@ -79,11 +79,16 @@ def time_once(cmd, out_json: str) -> dict:
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        env=dict(os.environ, OMP_NUM_THREADS='1'))
+        env=dict(os.environ, OMP_NUM_THREADS='1', OMP_WAIT_POLICY='PASSIVE'))
     wall = time.perf_counter() - start
     with open(out_json) as f:
         report = json.load(f)
+    ranks = report['dynamic']['ranks'] if report.get('dynamic') else []
     return dict(
+        rank_cpu_s=report['timings'].get('rank_cpu_s', []),
+        setup_s=[r.get('runner_built_s', 0) for r in ranks],
+        gradients_s=[r.get('gradients_s', 0) for r in ranks],
+        steps_s=[[i['step_time_s'] for i in r['iterations']] for r in ranks],
         wall_s=wall,
         # The ranks fork from a fork server, not from the command: their
         # CPU time comes from the report.
@@ -120,6 +125,15 @@ def main(argv=None):
                   f"{run['load'][0]:.2f} -> {run['load'][1]:.2f}, exit "
                   f"{run['exit_code']} ({run['verdict']}); doctor: "
                   f'{phases}', flush=True)
+            print('    per rank: CPU ' + ', '.join(
+                f'{v:.1f}' for v in run['rank_cpu_s']) + ' s; runner built '
+                  + ', '.join(f'{v:.1f}' for v in run['setup_s']) +
+                  ' s; gradient comparison ' + ', '.join(
+                      f'{v:.1f}' for v in run['gradients_s']) +
+                  ' s; steps ' + '; '.join(
+                      ', '.join(f'{t:.1f}' for t in steps)
+                      for steps in run['steps_s']) + ' s',
+                  flush=True)
     for name, values in walls.items():
         print(f'{name}: median {statistics.median(values):.1f} s wall over '
               f'{len(values)} run(s)')

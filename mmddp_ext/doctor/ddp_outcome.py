@@ -307,7 +307,8 @@ def bucket_outcome(k: int, recs: List[dict], ctx: Context) -> Outcome:
         f'{listed} ({gt} GT boxes on rank {rank}), so the gradient bucket '
         f'holding them is never all-reduced there, while '
         f'{ranks_text(others)} all-reduce(s) it at the end of the backward '
-        f'and wait(s) for the peer: {_wait_text(others, sorted(missing), ctx)}.'
+        'and wait(s) for the peer: '
+        f'{_wait_text(others, sorted(missing), ctx)}.'
         f' Rank {rank} raises {FINISHED_REDUCTION} when iteration {k + 1} '
         'starts.', 'buckets', details)
 

@@ -197,7 +197,8 @@ def check_errors(analyses: List[Analysis], iters: int, epoch: int) -> Check:
             f"{_first_frame(error['traceback'])}",
             on_gpus=item.outcome.text,
             fix=[
-                f"# the config's code raised at {_first_frame(error['traceback'])}"
+                "# the config's code raised at "
+                f"{_first_frame(error['traceback'])}"
                 ' (traceback below); the same step runs in '
                 'tools/train.py CONFIG'
             ],

@@ -106,8 +106,9 @@ def describe_error(error: BaseException, phase: str,
         doctor=osp.abspath(raised_in).startswith(DOCTOR_DIR + os.sep),
         after_divergence=after_divergence,
         traceback=''.join(
-            traceback.format_exception(type(error), error,
-                                       error.__traceback__))[-TRACEBACK_CHARS:])
+            traceback.format_exception(
+                type(error), error,
+                error.__traceback__))[-TRACEBACK_CHARS:])
 
 
 class RankProbe:

@@ -99,7 +99,8 @@ class AdversarialSchedule:
         return KINDS[iteration % len(KINDS)]
 
     def load(self, index: int) -> dict:
-        prepare = getattr(self.dataset, 'prepare_data', self.dataset.__getitem__)
+        prepare = getattr(self.dataset, 'prepare_data',
+                          self.dataset.__getitem__)
         with _seeded(SAMPLE_SEED + index):
             sample = prepare(index)
         if sample is None:

@@ -192,6 +192,7 @@ def resolve_ddp_setup(cfg,
         sync_bn=None if skipped else sync_bn,
         sync_bn_skipped=skipped,
         checkpoint_policy=policy,
-        rank_consistency=(ext.get('rank_consistency') is not None
-                          or listed_hook(cfg, RankConsistencyHook) is not None),
+        rank_consistency=(
+            ext.get('rank_consistency') is not None
+            or listed_hook(cfg, RankConsistencyHook) is not None),
         collate=dict(collate or STOCK_COLLATE))

@@ -56,7 +56,9 @@ class ExtRunner(Runner):
     - ``wrap_model``: passes ``device_ids`` to a DDP wrapper only for a
       model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
       uses ``AutoDDP`` when no wrapper is configured and
-      ``mmddp_ext_cfg.auto_ddp`` is on. ``sync_bn`` is skipped, with a
+      ``mmddp_ext_cfg.auto_ddp`` is on (which setting wins is decided by
+      :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup`, which the DDP
+      doctor reads too). ``sync_bn`` is skipped, with a
       warning, on CPU ranks: torch's ``SyncBatchNorm`` runs on GPUs only,
       so stock converts the model and its first forward raises.
     - ``__init__``: before anything is built, checks every ``num_classes``

@@ -52,8 +52,9 @@ def _error(kind='TypeError', phase='forward', doctor=False):
 
 
 def test_crash_on_one_rank_names_the_collective_the_peer_waits_in():
-    divergence = dict(index=0, phase='forward',
-                      per_rank=['all_reduce(float32[1])', '<error: TypeError>'])
+    divergence = dict(
+        index=0, phase='forward',
+        per_rank=['all_reduce(float32[1])', '<error: TypeError>'])
     recs = [_record(0, divergence=divergence,
                     calls=['all_reduce(float32[1])']),
             _record(0, error=_error(), divergence=divergence)]
