@@ -241,6 +241,22 @@ def test_config_hooks_run_in_the_probe_and_doctor_faults_are_its_own(
             if c.verdict == 'blocker'] == ['runs on every rank']
 
 
+def test_a_fault_in_the_doctors_probe_set_up_is_a_doctor_error(
+        tmp_path, synthetic_root):
+    """The doctor's own code raising while it sets up the probe (after
+    the config's runner built): a doctor error with its traceback, exit
+    code 2, not "the config's runner does not start"."""
+    cfg = _config(tmp_path, synthetic_root, BASES, '',
+                  imports=(HEADS, 'tests.test_tools.doctor_setup_fault'))
+    report = _doctor(cfg, iters=1)
+    check = report.find('doctor', 'probe')
+    assert check.verdict == 'doctor error', check
+    assert 'first_bucket' in check.details['traceback']
+    assert "the doctor's own code raised" in check.summary
+    assert not [c for c in report.checks if c.verdict == 'blocker']
+    assert report.exit_code == 2
+
+
 def test_sync_bn_runs_as_its_cpu_twin(tmp_path, synthetic_root):
     """sync_bn='torch' and a detector that converts itself to SyncBN when
     distributed (as RTMDet does): torch's SyncBatchNorm raises on CPU

@@ -277,3 +277,28 @@ def test_gloo_aborts_the_rank_with_the_smaller_buffer():
     rank1 = message.split('===== rank 1')[1]
     assert "Received data size doesn't match expected size" in rank1
     assert 'exit code -6' in rank1  # SIGABRT
+
+
+def test_head_code_names_the_files_outside_mmdetection():
+    """MMDetection's own heads have no file of their own; a head defined
+    elsewhere (here the tests' local-count head) names its file."""
+    from mmdet.registry import MODELS
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    import tests.test_tools.doctor_heads  # noqa: F401  (registers heads)
+    from mmddp_ext.doctor.gradients import head_code
+    from tests.helpers import REPO_ROOT
+    path = f'{REPO_ROOT}/configs/_base_/models/dino_tiny.py'
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        stock = MODELS.build(Config.fromfile(path).model)
+        cfg = Config.fromfile(path)  # the detector edits its head's cfg
+        cfg.model.bbox_head.type = 'LocalCountDINOHead'
+        local = MODELS.build(cfg.model)
+    assert head_code(stock) == {
+        'bbox_head': dict(classes=['DINOHead'], files=[])
+    }
+    code = head_code(local)['bbox_head']
+    assert code['classes'] == ['LocalCountDINOHead']
+    assert [f.rsplit('/', 1)[-1]
+            for f in code['files']] == ['doctor_heads.py']
