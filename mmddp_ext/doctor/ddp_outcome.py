@@ -102,6 +102,11 @@ def ranks_text(ranks: Sequence[int]) -> str:
             ', '.join(map(str, ranks)))
 
 
+def verb(ranks: Sequence[int], singular: str, plural: str) -> str:
+    """``'rank 1 raises'`` / ``'ranks 0, 1 raise'``."""
+    return f'{ranks_text(ranks)} {singular if len(ranks) == 1 else plural}'
+
+
 def _mark(mark: str) -> str:
     if mark.startswith('<end of'):
         return f'has finished its {mark[8:-1]}'
@@ -126,9 +131,9 @@ def next_ddp_collective(k: int, ctx: Context) -> Tuple[str, str]:
 
 def _wait_text(waiting: Sequence[int], gone: Sequence[int],
                ctx: Context) -> str:
-    return (f'on NCCL {ranks_text(waiting)} wait there until '
+    return (f"on NCCL {verb(waiting, 'waits', 'wait')} there until "
             f'{ctx.timeout_text()}; on gloo the wait ends with a connection '
-            f'error once {ranks_text(gone)} exit(s); torchrun stops every '
+            f"error once {verb(gone, 'exits', 'exit')}; torchrun stops every "
             'rank as soon as one exits with an error, srun without '
             '--kill-on-bad-exit and plain processes do not')
 
@@ -211,7 +216,7 @@ def crash_outcome(k: int, failed: Dict[int, dict], recs: List[dict],
         for rank in waiting
     ]
     return Outcome(
-        True, f"{ranks_text(sorted(failed))} raise(s) {raised} in the "
+        True, f"{verb(sorted(failed), 'raises', 'raise')} {raised} in the "
         f"{error['phase']} of iteration {k}. The other ranks go on to their "
         f"next collective, which stays unmatched: {'; '.join(where)}. "
         + _wait_text(waiting, sorted(failed), ctx) + '.', 'crash',
@@ -242,7 +247,7 @@ def collective_outcome(k: int, divergence: dict, recs: List[dict],
                                 for r in callers}) + '.')
     elif callers:
         waiting = callers
-        text += (f'{ranks_text(waiting)} wait(s) in a call no peer makes: '
+        text += (f"{verb(waiting, 'waits', 'wait')} in a call no peer makes: "
                  + _wait_text(waiting, finished, ctx) + '.')
     else:
         text += 'the ranks stop at different points.'
@@ -303,11 +308,12 @@ def bucket_outcome(k: int, recs: List[dict], ctx: Context) -> Outcome:
     complete = [r for r in range(world) if r not in missing]
     others = complete or [r for r in missing if r != rank]
     return Outcome(
-        True, f'{ranks_text(sorted(missing))} give(s) no gradient to '
+        True, f"{verb(sorted(missing), 'gives', 'give')} no gradient to "
         f'{listed} ({gt} GT boxes on rank {rank}), so the gradient bucket '
         f'holding them is never all-reduced there, while '
-        f'{ranks_text(others)} all-reduce(s) it at the end of the backward '
-        'and wait(s) for the peer: '
+        f"{verb(others, 'all-reduces', 'all-reduce')} it at the end of the "
+        f"backward and {'waits' if len(others) == 1 else 'wait'} for the "
+        'peer: '
         f'{_wait_text(others, sorted(missing), ctx)}.'
         f' Rank {rank} raises {FINISHED_REDUCTION} when iteration {k + 1} '
         'starts.', 'buckets', details)

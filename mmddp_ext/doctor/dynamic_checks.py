@@ -600,8 +600,9 @@ def gradient_check(result: Optional[Dict[str, Any]],
             f"the comparison step raised {error['type']}: "
             f"{error['message'].splitlines()[0][:300]} at "
             f"{_first_frame(error['traceback'])}; the iterations ran "
-            'without it, so the doctor\'s comparison set-up is at fault, '
-            'not the config',
+            'without it, so it comes from what the comparison changes (its '
+            'batches, constant random draws, eval-mode dropout and '
+            'BatchNorm): the doctor\'s set-up, not a launch\'s',
             fix=['# rerun with --no-gradients; please report it to '
                  'mmddp_ext with this traceback'],
             details=dict(error=error, traceback=error['traceback']))

@@ -50,6 +50,7 @@ import torch.nn as nn
 from ..utils.ddp_averaging import average_gradients, ranks_with_gradient
 from .collectives import single_process_view
 from .determinism import split_invariant
+from .errors import describe_error
 
 FP32_TOLERANCE = 1e-4
 # Above this relative error in a head with code of its own, the
@@ -189,53 +190,79 @@ def _padded_shape(probe, samples: List[dict], state) -> List[int]:
 def compare_gradients(probe) -> Dict[str, Any]:
     """Run on every rank; rank 0's result holds the comparison.
 
+    Every rank makes the same real collectives whatever fails (the
+    averaging, the gathering of loss values and errors), as in the probe's
+    iterations, so a failure on one rank cannot leave another waiting.
+    A failure is returned as ``result['error']`` (:func:`describe_error`).
+
     Args:
         probe: The rank's probe: ``model``, ``params`` (trainable named
             parameters), ``optim_wrapper``, ``recorder``, ``schedule``,
-            ``collate``, ``rank`` and ``forward_loss(batch)``.
+            ``collate``, ``rank``, ``world_size``, ``side_group``,
+            ``forward_loss(batch)`` and ``phase(record, name, fn)``.
     """
+    # The same batches on every rank: a failure here is every rank's.
     batches = probe.schedule.equivalence_batches()
     model = probe.model
     result: Dict[str, Any] = dict(
         tolerance=FP32_TOLERANCE,
+        small_difference=SMALL_DIFFERENCE,
         box_counts=probe.schedule.box_counts(batches))
     state = copy.deepcopy(model.data_preprocessor)
+    record: Dict[str, Any] = dict(error=None)
+    values: Dict[str, float] = {}
+
+    def forward():
+        _, loss, log_vars = probe.forward_loss(
+            _collated(probe, batches[probe.rank]))
+        values.update({k: float(v) for k, v in log_vars.items()})
+        record['loss'] = loss
+
     with split_invariant(model):
         probe.optim_wrapper.zero_grad()
         probe.recorder.start_iteration()
         with _preprocessor_from(model, state):
-            with probe.recorder.recording('forward'):
-                _, loss, log_vars = probe.forward_loss(
-                    _collated(probe, batches[probe.rank]))
-            with probe.recorder.recording('backward'):
-                loss.backward()
+            probe.phase(record, 'forward', forward)
+            probe.phase(record, 'backward',
+                        lambda: record.pop('loss').backward())
         params = [p for _, p in probe.params]
         counts = ranks_with_gradient(params)
         average_gradients([p for p, c in zip(params, counts) if c])
         result['diverged'] = probe.recorder.divergence is not None
-        values: List[Dict[str, float]] = [None] * probe.world_size
+        gathered: List[Any] = [None] * probe.world_size
         dist.all_gather_object(
-            values, {k: float(v)
-                     for k, v in log_vars.items()},
-            group=probe.side_group)
-        if probe.rank == 0:
-            averaged = _grads(probe.params)
-            probe.optim_wrapper.zero_grad()
-            whole = [s for b in batches for s in b]
-            with _preprocessor_from(model, state), single_process_view(), \
-                    _all_threads(probe.world_size):
-                _, loss, log_vars = probe.forward_loss(
-                    _collated(probe, whole))
-                loss.backward()
-            result['head_code'] = head_code(model)
-            result['small_difference'] = SMALL_DIFFERENCE
-            result['relative_error'] = relative_errors(
-                averaged, _grads(probe.params))
-            result['loss_error'] = loss_errors(values, log_vars)
-            result['padded_shapes'] = dict(
-                ranks=[
-                    _padded_shape(probe, b, state) for b in batches
-                ],
-                whole=_padded_shape(probe, whole, state))
+            gathered, (values, record['error']), group=probe.side_group)
+        errors = [error for _, error in gathered if error is not None]
+        if errors:
+            result['error'] = errors[0]
+        elif probe.rank == 0:
+            try:
+                result.update(
+                    _reference(probe, batches, state,
+                               [v for v, _ in gathered]))
+            except Exception as error:  # the report says what failed
+                result['error'] = describe_error(
+                    error, 'gradient comparison (one process)')
         probe.optim_wrapper.zero_grad()
     return result
+
+
+def _reference(probe, batches: List[List[dict]], state,
+               rank_values: List[Dict[str, float]]) -> Dict[str, Any]:
+    """Rank 0 alone: one process over every rank's images, against the
+    ranks' averaged gradient and loss values."""
+    model = probe.model
+    averaged = _grads(probe.params)
+    probe.optim_wrapper.zero_grad()
+    whole = [s for b in batches for s in b]
+    with _preprocessor_from(model, state), single_process_view(), \
+            _all_threads(probe.world_size):
+        _, loss, log_vars = probe.forward_loss(_collated(probe, whole))
+        loss.backward()
+    return dict(
+        head_code=head_code(model),
+        relative_error=relative_errors(averaged, _grads(probe.params)),
+        loss_error=loss_errors(rank_values, log_vars),
+        padded_shapes=dict(
+            ranks=[_padded_shape(probe, b, state) for b in batches],
+            whole=_padded_shape(probe, whole, state)))

@@ -20,12 +20,10 @@ probe applies its policy itself (non-reentrant checkpointing is right with
 or without a conflict).
 """
 import copy
-import os
 import os.path as osp
 import resource
 import sys
 import time
-import traceback
 from typing import Any, Dict, List, Optional, Set
 
 import torch
@@ -38,6 +36,7 @@ from . import checkpoint_sites
 from .collectives import CollectiveRecorder
 from .cpu_twins import (describe_twins, sync_batch_norm_layers,
                         sync_batch_norm_on_cpu)
+from .errors import describe_error
 from .gradients import compare_gradients
 from .launch_setup import import_custom_modules, launch_setup
 from .probe_runner import build_probe_runner
@@ -47,8 +46,6 @@ MAX_LISTED = 20
 # DDP's cap on its first gradient bucket (``bucket_cap_mb`` sizes the
 # others).
 FIRST_BUCKET_BYTES = 1024 * 1024
-TRACEBACK_CHARS = 4000
-DOCTOR_DIR = osp.dirname(osp.abspath(__file__))
 SETUP_ERROR_FILE = 'rank{}_setup_error.json'
 
 
@@ -89,26 +86,6 @@ def _is_finite(value: Any) -> bool:
 def peak_memory_mb() -> float:
     # ru_maxrss is in KiB on Linux: the process's peak resident size.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def describe_error(error: BaseException, phase: str,
-                   after_divergence: bool = False) -> Dict[str, Any]:
-    """What the report needs of an exception: type, message, traceback,
-    the phase, and whether the doctor's own code raised it (the innermost
-    frame is in ``mmddp_ext/doctor``) or the ranks had already diverged
-    (the rest of the iteration ran with single-process semantics)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    raised_in = frames[-1].filename if frames else ''
-    return dict(
-        type=type(error).__name__,
-        message=str(error)[:800],
-        phase=phase,
-        doctor=osp.abspath(raised_in).startswith(DOCTOR_DIR + os.sep),
-        after_divergence=after_divergence,
-        traceback=''.join(
-            traceback.format_exception(
-                type(error), error,
-                error.__traceback__))[-TRACEBACK_CHARS:])
 
 
 class RankProbe:
@@ -162,10 +139,9 @@ class RankProbe:
             start = time.perf_counter()
             try:
                 self.result['gradients'] = compare_gradients(self)
-            except Exception as error:  # the report says what failed
+            except Exception as error:  # its batches: every rank alike
                 self.result['gradients'] = dict(
                     error=describe_error(error, 'gradient comparison'))
-                self.recorder.report_failure(error)
                 self.optim_wrapper.zero_grad()
             self.result['gradients_s'] = time.perf_counter() - start
         for k in range(self.iters):
@@ -184,7 +160,7 @@ class RankProbe:
         loss, log_vars = self.model.parse_losses(losses)
         return losses, loss, log_vars
 
-    def _phase(self, record: dict, name: str, fn) -> bool:
+    def phase(self, record: dict, name: str, fn) -> bool:
         """Run ``fn`` recorded as phase ``name``; an exception is kept in
         ``record`` and the peers are told. Returns whether it ran."""
         if record['error'] is not None:
@@ -240,17 +216,17 @@ class RankProbe:
             ]
 
         self._loss_keys = []
-        self._phase(
+        self.phase(
             record, 'before_train_iter hooks', lambda: self.runner.call_hook(
                 'before_train_iter', batch_idx=k, data_batch=batch))
-        self._phase(record, 'forward', forward)
+        self.phase(record, 'forward', forward)
         record['loss_keys'] = list(self._loss_keys)
         if 'log_vars' in state:
             record['nonfinite_losses'] = [
                 key for key, value in state['log_vars'].items()
                 if not _is_finite(value)
             ]
-        self._phase(record, 'backward', backward)
+        self.phase(record, 'backward', backward)
         record['collectives'] = list(self.recorder.events)
         record['divergence'] = self.recorder.divergence
         record['no_grad'] = [n for n, p in self.params if p.grad is None]
@@ -265,11 +241,11 @@ class RankProbe:
             _is_finite(p.grad) for p in params if p.grad is not None)
         record['nonfinite_step'] = None
         if finite:
-            self._phase(record, 'optimizer step', self.optim_wrapper.step)
+            self.phase(record, 'optimizer step', self.optim_wrapper.step)
         else:
             record['nonfinite_step'] = self._observe_nonfinite_step(record)
         self.optim_wrapper.zero_grad()
-        self._phase(
+        self.phase(
             record, 'after_train_iter hooks',
             lambda: self.runner.call_hook(
                 'after_train_iter',
@@ -290,7 +266,7 @@ class RankProbe:
         params = [p for _, p in self.params]
         weights = [p.detach().clone() for p in params]
         state = copy.deepcopy(self.optim_wrapper.state_dict())
-        self._phase(record, 'optimizer step', self.optim_wrapper.step)
+        self.phase(record, 'optimizer step', self.optim_wrapper.step)
         if not all(_is_finite(p.detach()) for p in params):
             outcome = 'nonfinite weights'
         elif all(torch.equal(p.detach(), w) for p, w in zip(params, weights)):

@@ -60,10 +60,10 @@ def test_crash_on_one_rank_names_the_collective_the_peer_waits_in():
             _record(0, error=_error(), divergence=divergence)]
     outcome = predict(0, recs, _ctx(timeout_s=120), {1: recs[1]['error']})
     assert outcome.fails and outcome.mechanism == 'crash'
-    assert outcome.text.startswith('rank 1 raise(s) TypeError: boom in the '
+    assert outcome.text.startswith('rank 1 raises TypeError: boom in the '
                                    'forward of iteration 0')
     assert 'rank 0 in all_reduce(float32[1])' in outcome.text
-    assert 'on NCCL rank 0 wait there until the collective timeout (120 s)' \
+    assert 'on NCCL rank 0 waits there until the collective timeout (120 s)' \
         in outcome.text
     assert 'on gloo the wait ends with a connection error' in outcome.text
 
@@ -113,10 +113,10 @@ def test_gradient_bucket_predictions_per_wrapper():
     recs = [_record(1), _record(1, no_grad=['head.w'], gt=0)]
     stock = predict(1, recs, _ctx(), {})
     assert stock.mechanism == 'buckets'
-    assert ('rank 1 give(s) no gradient to head.w (0 GT boxes on rank 1), '
+    assert ('rank 1 gives no gradient to head.w (0 GT boxes on rank 1), '
             'so the gradient bucket holding them is never all-reduced there'
             ) in stock.text
-    assert 'rank 0 all-reduce(s) it at the end of the backward' in stock.text
+    assert 'rank 0 all-reduces it at the end of the backward' in stock.text
     assert ("Rank 1 raises 'Expected to have finished reduction in the "
             "prior iteration before starting a new one' when iteration 2 "
             'starts') in stock.text
