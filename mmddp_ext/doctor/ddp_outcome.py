@@ -129,6 +129,10 @@ def next_ddp_collective(k: int, ctx: Context) -> Tuple[str, str]:
             f'all_reduce({ctx.first_bucket})')
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _wait_text(waiting: Sequence[int], gone: Sequence[int],
                ctx: Context) -> str:
     return (f"on NCCL {verb(waiting, 'waits', 'wait')} there until "
@@ -219,7 +223,7 @@ def crash_outcome(k: int, failed: Dict[int, dict], recs: List[dict],
         True, f"{verb(sorted(failed), 'raises', 'raise')} {raised} in the "
         f"{error['phase']} of iteration {k}. The other ranks go on to their "
         f"next collective, which stays unmatched: {'; '.join(where)}. "
-        + _wait_text(waiting, sorted(failed), ctx) + '.', 'crash',
+        + _sentence(_wait_text(waiting, sorted(failed), ctx)) + '.', 'crash',
         dict(ranks=sorted(failed), waiting=waiting))
 
 

@@ -63,7 +63,7 @@ def test_crash_on_one_rank_names_the_collective_the_peer_waits_in():
     assert outcome.text.startswith('rank 1 raises TypeError: boom in the '
                                    'forward of iteration 0')
     assert 'rank 0 in all_reduce(float32[1])' in outcome.text
-    assert 'on NCCL rank 0 waits there until the collective timeout (120 s)' \
+    assert 'On NCCL rank 0 waits there until the collective timeout (120 s)' \
         in outcome.text
     assert 'on gloo the wait ends with a connection error' in outcome.text
 
