@@ -29,6 +29,8 @@ from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
+from .ddp_setup import (checked_ext_cfg, resolve_ddp_setup,
+                        train_collate_cfg)
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
                           restart_count)
@@ -67,7 +69,9 @@ class ExtRunner(Runner):
     - ``wrap_model``: passes ``device_ids`` to a DDP wrapper only for a
       model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
       uses ``AutoDDP`` when no wrapper is configured and
-      ``mmddp_ext_cfg.auto_ddp`` is on. ``sync_bn`` is skipped, with a
+      ``mmddp_ext_cfg.auto_ddp`` is on (which setting wins is decided by
+      :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup`, which the DDP
+      doctor reads too). ``sync_bn`` is skipped, with a
       warning, on CPU ranks: torch's ``SyncBatchNorm`` runs on GPUs only,
       so stock converts the model and its first forward raises.
     - ``__init__``: before anything is built, checks every ``num_classes``
@@ -147,27 +151,16 @@ class ExtRunner(Runner):
     def __init__(self, *args, **kwargs):
         self._check_class_counts(*args, **kwargs)
         super().__init__(*args, **kwargs)
-        guard = self.ext_cfg['empty_gt_guard']
         loader = self._train_dataloader
-        if (guard is not None and isinstance(loader, dict)
-                and loader.get('collate_fn') is None):
-            self._train_dataloader = dict(
-                loader,
-                collate_fn=dict(type='empty_gt_guard_collate', **guard))
+        if isinstance(loader, dict):
+            collate = train_collate_cfg(loader, self.ext_cfg)
+            if collate is not loader.get('collate_fn'):
+                self._train_dataloader = dict(loader, collate_fn=collate)
 
     @property
     def ext_cfg(self) -> dict:
         """``mmddp_ext_cfg`` from the config, checked, with defaults."""
-        given = self.cfg.get('mmddp_ext_cfg') or {}
-        if not isinstance(given, dict):
-            raise TypeError('mmddp_ext_cfg must be a dict, but got '
-                            f'{type(given).__name__}.')
-        unknown = sorted(set(given) - set(EXT_CFG_DEFAULTS))
-        if unknown:
-            raise ValueError(
-                f'mmddp_ext_cfg has unknown key(s) {unknown}; accepted keys '
-                f'are {sorted(EXT_CFG_DEFAULTS)}.')
-        return dict(EXT_CFG_DEFAULTS, **given)
+        return checked_ext_cfg(self.cfg.get('mmddp_ext_cfg'), EXT_CFG_DEFAULTS)
 
     def _check_class_counts(self, *args, **kwargs) -> None:
         """Run the class-count check on ``Runner.__init__``'s ``model`` and
@@ -243,19 +236,12 @@ class ExtRunner(Runner):
                    model: nn.Module) -> nn.Module:
         if not self.distributed or is_model_wrapper(model):
             return super().wrap_model(model_wrapper_cfg, model)
-        find_unused = self.cfg.get('find_unused_parameters', None)
-        if model_wrapper_cfg is None and self.ext_cfg['auto_ddp']:
-            model_wrapper_cfg = dict(
-                type='AutoDDP',
-                broadcast_buffers=False,
-                find_unused_parameters=find_unused)
-        elif model_wrapper_cfg is None:
-            # The arguments stock Runner uses when no wrapper is configured.
-            model_wrapper_cfg = dict(
-                type='MMDistributedDataParallel',
-                broadcast_buffers=False,
-                find_unused_parameters=bool(find_unused))
-        if self.cfg.get('sync_bn', None) is not None and get_device() == 'cpu':
+        setup = resolve_ddp_setup(
+            self.cfg,
+            self.ext_cfg,
+            device=get_device(),
+            model_wrapper_cfg=model_wrapper_cfg)
+        if setup.sync_bn_skipped:
             print_log(
                 f'ExtRunner: sync_bn={self.cfg.sync_bn!r} skipped: torch\'s '
                 'SyncBatchNorm runs on GPUs only, so each CPU rank keeps its '
@@ -264,8 +250,7 @@ class ExtRunner(Runner):
                 logger='current',
                 level=logging.WARNING)
             self.cfg.sync_bn = None
-        model_wrapper_cfg = copy.deepcopy(dict(model_wrapper_cfg))
-        model_wrapper_cfg.setdefault('type', 'MMDistributedDataParallel')
+        model_wrapper_cfg = setup.wrapper_cfg
         wrapper_type = MODEL_WRAPPERS.get(model_wrapper_cfg['type'])
         if isinstance(wrapper_type, type) and issubclass(
                 wrapper_type, DistributedDataParallel):

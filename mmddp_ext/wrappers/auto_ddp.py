@@ -9,9 +9,9 @@ from mmengine.logging import MessageHub, print_log
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
+from ..utils.ddp_averaging import average_gradients, broadcast_from_rank0
 from ..utils.dist_env import ddp_device_ids
 from ..utils.side_channel import SideChannel
 from ..utils.text import group_param_names, ranks_text
@@ -253,28 +253,12 @@ class AutoDDP(MMDistributedDataParallel):
     def _broadcast_module_states(self) -> None:
         """Start from rank 0's weights, as ``DistributedDataParallel``'s
         constructor does (the probe runs before it)."""
-        with torch.no_grad():
-            for tensor in list(self.module.parameters()) + list(
-                    self.module.buffers()):
-                dist.broadcast(tensor.data, src=0)
+        broadcast_from_rank0(self.module)
 
     def _average_grads(self, params: List[nn.Parameter]) -> None:
         """Average ``params``' gradients across ranks like DDP: missing ones
         count as zeros, each is divided by the world size before the sum."""
-        if not params:
-            return
-        world_size = dist.get_world_size()
-        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = OrderedDict()
-        for param in params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
-        for grads in by_dtype.values():
-            flat = _flatten_dense_tensors(grads).div_(world_size)
-            dist.all_reduce(flat)
-            for grad, synced in zip(grads,
-                                    _unflatten_dense_tensors(flat, grads)):
-                grad.copy_(synced)
+        average_gradients(params)
 
     # ---------------------------------------------------------------- probe
     def _after_probe_backward(self, syncs: bool) -> None:
