@@ -1,6 +1,7 @@
 """The configs in projects/CO-DETR/configs/codino build and carry upstream's
 hyper-parameters; the custom-data ones take their class count from
 ``classes`` alone. (test_state_dict_keys.py builds the 1x configs.)"""
+import os
 import os.path as osp
 import re
 
@@ -196,3 +197,30 @@ def test_auto_scale_lr_with_and_without_the_flag(tmp_path):
     no_key.write_text(f'_base_ = [{config!r}]\nauto_scale_lr = None\n')
     with pytest.raises(ValueError, match='needs auto_scale_lr = dict'):
         train.build_cfg(train.parse_args([str(no_key), '--auto-scale-lr']))
+
+
+# Sense-X/Co-DETR @ 26653521e47157fdd819e764b4bb949057ea9f3b,
+# projects/configs/co_dino/co_dino_5scale_r50_1x_coco.py line 52 (and every
+# co_dino config there): sync_cls_avg_factor=True. MMDetection's 3.x copy
+# omits it (DETRHead's default False).
+UPSTREAM_SYNC_CLS_AVG_FACTOR = True
+SHIPPED_CO_DINO = [
+    osp.join(CODINO_CONFIGS, name)
+    for name in sorted(os.listdir(CODINO_CONFIGS)) if name.endswith('.py')
+] + [
+    osp.join(REPO_ROOT, 'configs', name)
+    for name in ('co_dino_ext.py', 'co_dino_ext_custom.py',
+                 'co_dino_tiny.py')
+]
+
+
+@pytest.mark.parametrize(
+    'path', SHIPPED_CO_DINO, ids=[osp.basename(p) for p in SHIPPED_CO_DINO])
+def test_classification_loss_is_normalised_over_ranks_as_upstream(path):
+    """Without it each rank divides its classification loss by its own box
+    count: the classic DDP normalisation bug, which the doctor's gradient
+    comparison reports as a blocker on co_dino_ext.py."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(path, import_custom_modules=False)
+    assert (cfg.model.query_head.sync_cls_avg_factor is
+            UPSTREAM_SYNC_CLS_AVG_FACTOR)

@@ -70,6 +70,12 @@ model = dict(
         num_classes=num_classes,
         in_channels=2048,
         as_two_stage=True,
+        # As Sense-X/Co-DETR's own configs: the classification loss is
+        # normalised by the count averaged over ranks. MMDetection's 3.x
+        # copy leaves DETRHead's default (False): each rank then divides by
+        # its own count, and a GT-less rank's gradients weigh as much as a
+        # rank with many boxes (the DDP doctor's gradient blocker).
+        sync_cls_avg_factor=True,
         dn_cfg=dict(
             label_noise_scale=0.5,
             box_noise_scale=1.0,
