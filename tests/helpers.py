@@ -1,6 +1,5 @@
 """Shared bits for tests that launch real training runs."""
 import glob
-import os
 import os.path as osp
 import re
 import sys

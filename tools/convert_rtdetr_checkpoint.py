@@ -210,8 +210,9 @@ def _unsupported_features(upstream: Dict[str, torch.Tensor]) -> List[str]:
     weights would load into other sampling positions."""
     problems = []
     for key, scale in upstream.items():
-        if NUM_POINTS_SCALE.match(key) and scale.numel() and not bool(
-            (scale == scale.flatten()[0]).all()):
+        if not (NUM_POINTS_SCALE.match(key) and scale.numel()):
+            continue
+        if not bool((scale == scale.flatten()[0]).all()):
             problems.append(
                 f'{key} holds per-level num_points (1/n per point: '
                 f'{scale.tolist()}); the port supports the same num_points '

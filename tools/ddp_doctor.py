@@ -59,10 +59,10 @@ def main(argv=None) -> int:
     if not osp.isfile(args.config):
         raise SystemExit(f'ddp_doctor.py: config file {args.config!r} does '
                          'not exist.')
-    import mmddp_ext  # noqa: F401  (registers its components)
     from mmengine.config import Config
     from mmengine.logging import MMLogger
 
+    import mmddp_ext  # noqa: F401  (registers its components)
     from mmddp_ext.doctor import log_report, run_doctor, shrink_config
     MMLogger.get_instance('ddp_doctor', log_level='INFO')
     cfg = Config.fromfile(args.config)

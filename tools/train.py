@@ -199,11 +199,12 @@ def run(build_cfg_fn, args, mode: str = 'train',
     set-up and the annotation files of ``splits``, build the runner, call
     ``prepare(runner)`` if given, then ``runner.train()`` or
     ``runner.test()`` (``mode``), and tear the process group down."""
+    from mmdet.utils import setup_cache_size_limit_of_dynamo
+    from mmengine.registry import RUNNERS
+
     import mmddp_ext  # noqa: F401  (registers runner, hooks, wrappers)
     from mmddp_ext.utils import check_config_annotations
     from mmddp_ext.utils.dist_env import check_launch_environment
-    from mmdet.utils import setup_cache_size_limit_of_dynamo
-    from mmengine.registry import RUNNERS
 
     setup_cache_size_limit_of_dynamo()
     cfg = build_cfg_fn(args)

@@ -33,7 +33,7 @@ before the backward.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..wrappers.auto_ddp import group_param_names
+from ..utils.text import group_param_names, ranks_text
 
 FINISHED_REDUCTION = ("'Expected to have finished reduction in the prior "
                       "iteration before starting a new one'")
@@ -94,12 +94,6 @@ class Outcome:
     text: str
     mechanism: str = 'none'
     details: Dict[str, Any] = field(default_factory=dict)
-
-
-def ranks_text(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    return (f'rank {ranks[0]}' if len(ranks) == 1 else 'ranks ' +
-            ', '.join(map(str, ranks)))
 
 
 def verb(ranks: Sequence[int], singular: str, plural: str) -> str:

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional
 import torch.nn as nn
 
 from ..utils.rank_launcher import MultiRankError, run_on_ranks
-from .dynamic_checks import (FixContext, context, dynamic_checks,
-                             error_types, gradient_check)
+from .dynamic_checks import (FixContext, context, dynamic_checks, error_types,
+                             gradient_check)
 from .launch_setup import (collective_timeout_s, import_custom_modules,
                            launch_setup)
 from .probe import SETUP_ERROR_FILE, probe_rank

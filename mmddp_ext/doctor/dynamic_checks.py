@@ -20,8 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..wrappers.auto_ddp import group_param_names
-from .ddp_outcome import Context, Outcome, predict, ranks_text
+from ..utils.text import group_param_names, more_text, ranks_text
+from .ddp_outcome import Context, Outcome, predict
 from .report import BLOCKER, DOCTOR_ERROR, OK, WARN, Check
 
 PHASE = 'dynamic'
@@ -653,7 +653,7 @@ def _difference(result: dict, what: str, details: dict) -> Check:
         f'{what}: relative gradient errors above {tolerance:.0e}: {listed}.' +
         (f" Loss terms whose mean over the ranks differs from one process's "
          f"value: {', '.join(f'{k} {terms[k]:.1e}' for k in shown[:8])}"
-         f"{' (+%d more)' % (len(shown) - 8) if len(shown) > 8 else ''}."
+         f"{' ' + more_text(len(shown) - 8) if len(shown) > 8 else ''}."
          if shown else ''))
     details.update(loss_terms=shown, heads=heads, own_code_heads=own)
     fix = [
@@ -714,4 +714,3 @@ def error_types(results: Sequence[dict]) -> List[str]:
         rec['error']['type']
         for r in results for rec in r['iterations'] if rec['error']
     })
-

@@ -256,7 +256,6 @@ class RankProbe:
         record['peak_memory_mb'] = peak_memory_mb()
         return record
 
-
     def _observe_nonfinite_step(self, record: dict) -> str:
         """Run the config's optimizer step (with what its hooks patched
         in) on the non-finite averaged gradient and see what it does to

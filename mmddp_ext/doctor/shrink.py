@@ -4,7 +4,8 @@ Every image-size setting of the pipelines and of the data preprocessor's
 batch augments (``scale``, ``scales``, ``crop_size``, ``img_scale``,
 ``size`` of any transform; ``random_size_range`` of YOLOX's
 ``BatchSyncRandomResize``; CrowdDet's ``BatchResize`` ``scale``; ``size``
-of ``BatchFixedSizePad``) is scaled down so that its shorter side is at
+of ``BatchFixedSizePad``; the square sides RT-DETR's ``BatchChoiceResize``
+chooses from, by one factor) is scaled down so that its shorter side is at
 most ``short_side``, keeping the aspect ratio (a ``(400, 4200)`` resize,
 which means "short side 400, long side nearly free", becomes
 ``(128, 1344)``), the train batch size is capped, and so is every query
@@ -34,8 +35,17 @@ def _is_size(value: Any) -> bool:
         isinstance(v, int) and v > 0 for v in value)
 
 
+def _is_side_list(value: Any) -> bool:
+    """A list of square sides to choose from (RT-DETR's multi-scale
+    ``scales=[480, 512, ..., 800]``): more than two positive ints."""
+    return isinstance(value, (list, tuple)) and len(value) > 2 and all(
+        isinstance(v, int) and v > 0 for v in value)
+
+
 def _shrink_size(value: Any, short_side: int) -> Any:
-    if _is_size(value):
+    if _is_size(value) or _is_side_list(value):
+        # One factor for the whole pair or list: the aspect ratio, or the
+        # spread of the choices, stays.
         factor = min(1.0, short_side / min(value))
         return type(value)(max(1, int(v * factor)) for v in value)
     if isinstance(value, (list, tuple)):
@@ -57,7 +67,7 @@ def _size_factors(node: Any, short_side: int) -> List[float]:
 
 
 def _factors_of_size(value: Any, short_side: int) -> List[float]:
-    if _is_size(value):
+    if _is_size(value) or _is_side_list(value):
         return [min(1.0, short_side / min(value))]
     if isinstance(value, (list, tuple)):
         return [f for v in value for f in _factors_of_size(v, short_side)]

@@ -8,6 +8,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..runner.ddp_setup import DDPSetup, checked_ext_cfg
 from ..runner.ext_runner import EXT_CFG_DEFAULTS
+from ..utils.text import shorten
 from . import checkpoint_sites
 from .cpu_twins import sync_batch_norm_layers
 from .report import BLOCKER, OK, WARN, Check
@@ -35,8 +36,7 @@ def check_checkpointing(setup: DDPSetup,
     if not names:
         return Check(PHASE, name, OK, 'no activation checkpointing')
     keys = checkpoint_sites.config_keys(model, names)
-    listed = ', '.join(names[:8]) + (f' (+{len(names) - 8} more)'
-                                     if len(names) > 8 else '')
+    listed = shorten(names)
     details = dict(modules=names, config_keys=keys)
     resolved = setup.checkpoint_policy in ('non_reentrant', 'disable')
     if resolved:
@@ -175,8 +175,8 @@ def check_sync_bn(cfg, nproc: int, model: nn.Module) -> Check:
 def _mmddp_ext_types(node: Any) -> List[str]:
     """Component types in the config that mmddp_ext registers (the class's
     module says where it comes from)."""
-    from mmengine.registry import (FUNCTIONS, HOOKS, MODEL_WRAPPERS,
-                                   MODELS, RUNNERS)
+    from mmengine.registry import (FUNCTIONS, HOOKS, MODEL_WRAPPERS, MODELS,
+                                   RUNNERS)
     found = []
     if isinstance(node, dict):
         type_name = node.get('type')

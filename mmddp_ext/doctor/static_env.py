@@ -5,8 +5,8 @@ import platform
 from importlib import metadata
 from typing import List
 
-from ..utils.dist_env import visible_gpu_count
 from ..runner.ddp_setup import DDPSetup
+from ..utils.dist_env import visible_gpu_count
 from .report import BLOCKER, OK, WARN, Check
 
 PHASE = 'environment'

@@ -29,8 +29,7 @@ from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
-from .ddp_setup import (checked_ext_cfg, resolve_ddp_setup,
-                        train_collate_cfg)
+from .ddp_setup import checked_ext_cfg, resolve_ddp_setup, train_collate_cfg
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
                           restart_count)

@@ -4,7 +4,8 @@ Objects are filled squares, discs and triangles, one colour per class, on
 a noisy background, so a tiny detector can learn them in a few hundred
 iterations. Each annotation has its box and the shape's outline as a
 polygon ``segmentation`` (for instance-segmentation models; later shapes
-may cover earlier ones, which the polygons ignore). Which images have no boxes is set by ``empty``:
+may cover earlier ones, which the polygons ignore). Which images have no
+boxes is set by ``empty``:
 
 - ``'none'``: every image has 1..``max_boxes`` boxes.
 - ``'all'``: no image has a box.

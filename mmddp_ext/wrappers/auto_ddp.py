@@ -1,5 +1,4 @@
 import logging
-from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch

@@ -48,9 +48,8 @@ def _scale_options(node: Any, key: str) -> Dict[str, Any]:
     (LSJ's Pad and BatchFixedSizePad) under ``node`` to IMAGE_SIZE, with
     list indices spelled as --cfg-options expects."""
     options = {}
-    if isinstance(
-            node,
-        (list, tuple)) and not all(isinstance(v, (int, float)) for v in node):
+    is_sequence = isinstance(node, (list, tuple))
+    if is_sequence and not all(isinstance(v, (int, float)) for v in node):
         for index, child in enumerate(node):
             options.update(_scale_options(child, f'{key}.{index}'))
     elif isinstance(node, dict):

@@ -63,5 +63,6 @@ def test_registered_and_restores_the_history_on_load(tmp_path):
     hook.after_load_checkpoint(None, loaded)
     hub = MessageHub.get_instance(next(_HUB_NAMES))
     hub.load_state_dict(loaded['message_hub'])
-    assert hub.get_scalar('train/loss').data[0].tolist() == [1.0, 0.5,
-                                                            1 / 3]
+    assert hub.get_scalar('train/loss').data[0].tolist() == [
+        1.0, 0.5, 1 / 3
+    ]

@@ -360,7 +360,8 @@ def check_port_gives_the_gt_less_rank_a_dummy_group(dn_run, empty_rank):
 
 
 def check_v1_style_gt_less_rank_breaks_ddp(dn_run, empty_rank):
-    """The negative control of a ``*_dn_control`` run: without the dn part the GT-less rank has no dn loss keys, issues
+    """The negative control of a ``*_dn_control`` run: without the dn part
+    the GT-less rank has no dn loss keys, issues
     fewer all-reduces and leaves the dn label embedding unused."""
     assert dn_run[empty_rank]['v1_dn'][0] is None
     # The rank with GT may fail inside its forward (its extra dn

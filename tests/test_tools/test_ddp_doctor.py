@@ -173,8 +173,8 @@ def test_ddp_safe_config_cli(tmp_path, synthetic_root):
     errors = equivalence['relative_error']
     assert {'backbone', 'encoder', 'decoder', 'bbox_head'} <= set(errors)
     assert max(errors.values()) <= 1e-4
-    assert [len(r['iterations']) for r in report['dynamic']['ranks']] == [3,
-                                                                        3]
+    iterations = [len(r['iterations']) for r in report['dynamic']['ranks']]
+    assert iterations == [3, 3]
     blockers = [c for c in report['checks'] if c['verdict'] == 'blocker']
     assert not blockers, blockers
     assert proc.returncode == 0, output

@@ -71,8 +71,8 @@ def test_classes_outnumber_head(synthetic_root):
     assert per_rank.details['per_rank'] == 12  # 24 images, 2 ranks
 
 
-def test_broken_annotation_file_stops_before_the_probe(tmp_path,
-                                                      synthetic_root):
+def test_broken_annotation_file_stops_before_the_probe(
+        tmp_path, synthetic_root):
     from mmddp_ext.doctor import run_doctor
     root = _copy_data(tmp_path, synthetic_root)
     with open(osp.join(root, 'train', 'annotations.json'), 'w') as f:
@@ -337,7 +337,9 @@ def test_shrink_scales_pipelines_and_batch_augments_keeps_the_model():
     model_before.pop('data_preprocessor')
     shrink_config(cfg)
     augment = cfg.model.data_preprocessor.batch_augments[0]
-    assert tuple(augment.random_size_range) == (128, 213)  # was 480-800
+    # upstream's 480, 512, ..., 640 x 3, ..., 800, by one factor
+    assert augment.scales[0] == 128 and augment.scales[-1] == 213
+    assert augment.scales.count(170) == 3  # 640 three times
     sizes = [t['scale'] for t in cfg.train_dataloader.dataset.pipeline
              if 'scale' in t]
     assert sizes == [(128, 128)]  # was (640, 640)

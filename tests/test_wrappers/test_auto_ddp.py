@@ -239,8 +239,6 @@ def partial_3ranks(tmp_path_factory, synthetic_root):
 
 
 @pytest.mark.parametrize('run', ['partial_2ranks', 'partial_3ranks'])
-
-
 def test_branch_used_on_one_rank_trains(request, run):
     """Rank 0's branch gradient is averaged into every replica: after the
     steps every rank holds the same weights (bit for bit), equal to

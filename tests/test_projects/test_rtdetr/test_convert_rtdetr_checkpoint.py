@@ -194,6 +194,7 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert failed.returncode == 1
     assert 'unmapped upstream key: decoder.extra.weight' in failed.stderr
     assert not osp.exists(tmp_path / 'bad.pth.out')
+
     # further cases in-process (same main(), no interpreter start-up)
     def main(*argv):
         with mock.patch.object(sys, 'argv', ['convert', *map(str, argv)]):
