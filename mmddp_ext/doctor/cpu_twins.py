@@ -12,19 +12,18 @@ twin and the report says so:
   in the backward); the GPU layers gather per-rank statistics instead, so
   the collectives the report lists for these layers are the twin's.
 - AMP (``AmpOptimWrapper``): runs in float32 with a plain
-  ``OptimWrapper``; loss scaling does not change which parameters get
-  gradients or which collectives run.
+  ``OptimWrapper`` (``mmddp_ext.runner.ddp_setup.cpu_optim_wrapper_cfg``,
+  as ``ExtRunner`` does on CPU ranks); loss scaling does not change which
+  parameters get gradients or which collectives run.
 - The device: every tensor is on the CPU.
 """
 import contextlib
-from typing import Any, Dict, Iterator, List
+from typing import Iterator, List
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.nn.functional import all_reduce as autograd_all_reduce
-
-AMP_ONLY_KEYS = ('loss_scale', 'dtype', 'use_fsdp')
 
 
 def _sync_batch_norm_classes() -> List[type]:
@@ -114,26 +113,6 @@ def sync_batch_norm_on_cpu() -> Iterator[None]:
 def sync_batch_norm_layers(model: nn.Module) -> int:
     classes = tuple(_sync_batch_norm_classes())
     return sum(isinstance(m, classes) for m in model.modules())
-
-
-def cpu_optim_wrapper_cfg(optim_wrapper: Any) -> Any:
-    """``optim_wrapper`` with ``AmpOptimWrapper`` (or a subclass) replaced
-    by ``OptimWrapper`` (its AMP-only keys dropped); other values as
-    they are."""
-    from mmengine.optim import AmpOptimWrapper
-    from mmengine.registry import OPTIM_WRAPPERS
-    if not isinstance(optim_wrapper, dict):
-        return optim_wrapper
-    kind = optim_wrapper.get('type', 'OptimWrapper')
-    cls = OPTIM_WRAPPERS.get(kind) if isinstance(kind, str) else kind
-    if not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)):
-        return optim_wrapper
-    plain: Dict[str, Any] = {
-        k: v
-        for k, v in optim_wrapper.items() if k not in AMP_ONLY_KEYS
-    }
-    plain['type'] = 'OptimWrapper'
-    return type(optim_wrapper)(plain)
 
 
 def describe_twins(sync_bn_layers: int, amp: bool) -> List[str]:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
-from .cpu_twins import cpu_optim_wrapper_cfg
+from ..runner.ddp_setup import cpu_optim_wrapper_cfg
 
 # Keys the probe unsets: it never validates, tests or saves.
 UNSET_KEYS = ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader',

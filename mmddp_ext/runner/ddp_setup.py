@@ -196,3 +196,27 @@ def resolve_ddp_setup(cfg,
             ext.get('rank_consistency') is not None
             or listed_hook(cfg, RankConsistencyHook) is not None),
         collate=dict(collate or STOCK_COLLATE))
+
+
+# Keys only AmpOptimWrapper takes.
+AMP_ONLY_KEYS = ('loss_scale', 'dtype', 'use_fsdp')
+
+
+def cpu_optim_wrapper_cfg(optim_wrapper: Any) -> Any:
+    """``optim_wrapper`` with ``AmpOptimWrapper`` (or a subclass) replaced
+    by ``OptimWrapper`` (its AMP-only keys dropped); other values as
+    they are."""
+    from mmengine.optim import AmpOptimWrapper
+    from mmengine.registry import OPTIM_WRAPPERS
+    if not isinstance(optim_wrapper, dict):
+        return optim_wrapper
+    kind = optim_wrapper.get('type', 'OptimWrapper')
+    cls = OPTIM_WRAPPERS.get(kind) if isinstance(kind, str) else kind
+    if not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)):
+        return optim_wrapper
+    plain: Dict[str, Any] = {
+        k: v
+        for k, v in optim_wrapper.items() if k not in AMP_ONLY_KEYS
+    }
+    plain['type'] = 'OptimWrapper'
+    return type(optim_wrapper)(plain)

@@ -29,7 +29,8 @@ from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
-from .ddp_setup import checked_ext_cfg, resolve_ddp_setup, train_collate_cfg
+from .ddp_setup import (checked_ext_cfg, cpu_optim_wrapper_cfg,
+                        resolve_ddp_setup, train_collate_cfg)
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
                           restart_count)
@@ -73,6 +74,9 @@ class ExtRunner(Runner):
       doctor reads too). ``sync_bn`` is skipped, with a
       warning, on CPU ranks: torch's ``SyncBatchNorm`` runs on GPUs only,
       so stock converts the model and its first forward raises.
+    - ``build_optim_wrapper``: on CPU ranks, ``AmpOptimWrapper`` (which
+      MMEngine refuses there) runs as a float32 ``OptimWrapper``, with a
+      warning.
     - ``__init__``: before anything is built, checks every ``num_classes``
       in the model config against the classes of each dataloader's dataset
       (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`);
@@ -257,6 +261,24 @@ class ExtRunner(Runner):
             model_wrapper_cfg.setdefault(
                 'device_ids', None if device is None else [device.index])
         return super().wrap_model(model_wrapper_cfg, model)
+
+    def build_optim_wrapper(self, optim_wrapper):
+        """Differs from ``Runner.build_optim_wrapper`` on CPU ranks only:
+        ``AmpOptimWrapper``, which MMEngine refuses there, runs as a float32
+        ``OptimWrapper`` with a warning (as ``sync_bn`` is skipped), so a
+        GPU recipe with AMP also runs on CPU ranks."""
+        if get_device() == 'cpu':
+            plain = cpu_optim_wrapper_cfg(optim_wrapper)
+            if plain is not optim_wrapper:
+                print_log(
+                    'ExtRunner: AmpOptimWrapper skipped: mixed precision '
+                    'runs on GPUs only, so CPU ranks train in float32 with '
+                    'OptimWrapper (loss_scale and dtype unused). It applies '
+                    'again on GPU ranks.',
+                    logger='current',
+                    level=logging.WARNING)
+                optim_wrapper = plain
+        return super().build_optim_wrapper(optim_wrapper)
 
     def register_hooks(
             self,

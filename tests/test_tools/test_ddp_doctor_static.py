@@ -448,7 +448,7 @@ def test_sync_batch_norm_twin_matches_batch_norm_over_every_rank():
 def test_amp_optim_wrapper_twin():
     from mmengine.config import ConfigDict
 
-    from mmddp_ext.doctor.cpu_twins import cpu_optim_wrapper_cfg
+    from mmddp_ext.runner.ddp_setup import cpu_optim_wrapper_cfg
     amp = ConfigDict(type='AmpOptimWrapper', loss_scale='dynamic',
                      optimizer=dict(type='AdamW', lr=1e-4))
     plain = cpu_optim_wrapper_cfg(amp)
