@@ -17,6 +17,33 @@ os.environ.setdefault('OMP_NUM_THREADS', '1')
 os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        '--device',
+        choices=('cpu', 'cuda'),
+        default='cpu',
+        help='device of the ranks that run_on_ranks starts (cuda: the same '
+        'tests with CUDA tensors; every test is skipped where CUDA is not '
+        'available). Launches through tools/dist_train.sh use a GPU '
+        'whenever there is one.')
+
+
+def pytest_configure(config):
+    # Read by mmddp_ext.utils.rank_launcher in every rank it starts.
+    os.environ['MMDDP_EXT_RANK_DEVICE'] = config.getoption('--device')
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption('--device') != 'cuda':
+        return
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason='--device cuda: CUDA is not available')
+    for item in items:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope='session')
 def repo_root():
     return REPO_ROOT

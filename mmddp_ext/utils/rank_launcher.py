@@ -29,6 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch.multiprocessing as mp
 
 LOG_TAIL_CHARS = 6000
+# Environment variable naming the ranks' default device (cpu or cuda).
+RANK_DEVICE_ENV = 'MMDDP_EXT_RANK_DEVICE'
 FAILURE_GRACE_S = 10
 # Upper bound on how long a finished rank waits for its peers to report,
 # in case the parent is gone; the parent's own timeout normally ends it.
@@ -109,6 +111,24 @@ def _failed(result_path: str) -> bool:
         return pickle.load(f)[0] != 'ok'
 
 
+def _use_rank_device(device: str, rank: int) -> None:
+    """Make ``device`` this rank's default for new tensors and modules:
+    ``'cpu'`` (nothing to do) or ``'cuda'`` (GPU ``rank % count``, shared
+    round robin; the gloo group then carries CUDA tensors)."""
+    if device == 'cpu':
+        return
+    if device != 'cuda':
+        raise ValueError(f'{RANK_DEVICE_ENV} must be cpu or cuda, but got '
+                         f'{device!r}.')
+    import torch
+    if not torch.cuda.is_available():
+        raise ValueError(f'{RANK_DEVICE_ENV}=cuda, but CUDA is not '
+                         'available on this machine; unset it or use cpu.')
+    index = rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    torch.set_default_device(f'cuda:{index}')
+
+
 def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
                log_dir: str, args: Sequence, kwargs: Dict,
                env: Dict[str, str], init_group: bool) -> None:
@@ -137,6 +157,7 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
         torch.set_num_threads(int(threads))
     result_path = osp.join(log_dir, f'rank{rank}.result')
     try:
+        _use_rank_device(env.get(RANK_DEVICE_ENV, 'cpu'), rank)
         if init_group:
             import torch.distributed as dist
             dist.init_process_group(
@@ -225,7 +246,10 @@ def run_on_ranks(fn: Callable,
             Defaults to None.
         timeout (float): Seconds until all ranks are killed. Defaults to 90.
         env (dict, optional): Extra environment variables for the ranks.
-            Defaults to None.
+            ``MMDDP_EXT_RANK_DEVICE=cuda`` (here or in the caller's
+            environment; ``pytest --device cuda`` sets it) makes each rank
+            create its tensors and modules on a GPU (``rank % count``),
+            so the same code runs with CUDA tensors. Defaults to None.
         log_dir (str, optional): Where ``rank{i}.log`` files go. Defaults to
             a new temporary directory.
         init_group (bool): Initialise the default gloo process group before

@@ -23,6 +23,12 @@ def _threads():
     return torch.get_num_threads()
 
 
+def _default_device_and_sum():
+    value = torch.ones(1) * (dist.get_rank() + 1)  # on the default device
+    dist.all_reduce(value)
+    return value.device.type, value.item()
+
+
 def _rank1_skips_collective():
     # Like a DataLoader worker: a process the rank started, which must not
     # outlive it either.
@@ -93,6 +99,26 @@ def test_the_callers_omp_num_threads_holds_in_every_rank():
         got = run_on_ranks(_threads, 2, timeout=60,
                            env={'OMP_NUM_THREADS': str(threads)})
         assert got == [threads, threads]
+
+
+def test_the_rank_device_switch():
+    """MMDDP_EXT_RANK_DEVICE (pytest --device) sets where each rank
+    creates its tensors; gloo reduces them there. cuda is checked where a
+    GPU exists, and refused with a clear error where none does."""
+    got = run_on_ranks(_default_device_and_sum, 2, timeout=60,
+                       env={'MMDDP_EXT_RANK_DEVICE': 'cpu'})
+    assert got == [('cpu', 3.0), ('cpu', 3.0)]
+    if torch.cuda.is_available():
+        got = run_on_ranks(_default_device_and_sum, 2, timeout=60,
+                           env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
+        assert got == [('cuda', 3.0), ('cuda', 3.0)]
+    else:
+        with pytest.raises(MultiRankError, match='CUDA is not available'):
+            run_on_ranks(_default_device_and_sum, 2, timeout=60,
+                         env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
+    with pytest.raises(MultiRankError, match='must be cpu or cuda'):
+        run_on_ranks(_default_device_and_sum, 2, timeout=60,
+                     env={'MMDDP_EXT_RANK_DEVICE': 'tpu'})
 
 
 def test_hang_fails_fast_with_every_rank_log(adopt_orphans):
