@@ -1,0 +1,17 @@
+"""D-FINE for MMDetection 3.x, DDP-safe on batches without GT.
+
+Importing this package registers its components in ``mmdet.registry``
+(and the RT-DETR port's, which it builds on).
+"""
+from .decoupled_distillation_focal_loss import DecoupledDistillationFocalLoss
+from .dfine import DFINE
+from .dfine_cdn_query_generator import DFINECdnQueryGenerator
+from .dfine_head import DFINEHead
+from .dfine_hybrid_encoder import DFINEHybridEncoder
+from .fine_grained_localization_loss import FineGrainedLocalizationLoss
+from .hgnetv2 import HGNetv2
+
+__all__ = [
+    'DecoupledDistillationFocalLoss', 'DFINE', 'DFINECdnQueryGenerator',
+    'DFINEHead', 'DFINEHybridEncoder', 'FineGrainedLocalizationLoss', 'HGNetv2'
+]

@@ -1,0 +1,160 @@
+"""D-FINE-N (tiny) on 2 real gloo ranks through ``tools/dist_train.sh``,
+``find_unused_parameters=False``, 20 iterations, on images without boxes.
+
+Three runs of the tiny config on generated data, each recorded on every
+rank by ``ddp_probe.GradientRecordHook`` (the parameters that received a
+gradient and the loss keys of each iteration):
+
+- ``empty_rank``: an unshuffled sampler gives rank 1 only images without
+  boxes, every iteration;
+- ``half_empty``: a shuffled set with about half of the images empty;
+- ``upstream_control``: the negative control, the ``empty_rank`` run with
+  upstream D-FINE's empty-batch behaviour (no dn queries on the GT-less
+  rank, ``ddp_probe.DFINEUpstreamEmptyDn``) and a 20 s collective
+  timeout.
+"""
+import json
+import os.path as osp
+
+import pytest
+
+from mmddp_ext.testing import make_synthetic_coco
+from ...helpers import data_options, dist_train, logged_iters, tiny_options
+from .dfine_utils import TINY_CONFIG
+
+ITERS = 20
+WORLD_SIZE = 2
+EMPTY_RANK = 1
+CONTROL_TIMEOUT_S = 20
+PROBE = 'tests.test_projects.test_dfine.ddp_probe'
+# Every term upstream D-FINE computes for a 3-layer decoder.
+EXPECTED_KEYS = {
+    f'loss_{term}{suffix}'
+    for suffix in ('', '_aux_0', '_aux_1', '_pre', '_enc_0', '_dn_0', '_dn_1',
+                   '_dn_2', '_dn_pre')
+    for term in ('vfl', 'bbox', 'giou')
+} | {
+    f'loss_fgl{suffix}'
+    for suffix in ('', '_aux_0', '_aux_1', '_dn_0', '_dn_1', '_dn_2')
+} | {
+    f'loss_ddf{suffix}'
+    for suffix in ('_aux_0', '_aux_1', '_dn_0', '_dn_1', '_dn_2')
+}
+
+
+def _probe_config(root: str, model_type: str = None) -> str:
+    """The tiny config plus the recording hook (and a model type)."""
+    path = osp.join(root, 'probe_config.py')
+    lines = [
+        f'_base_ = [{TINY_CONFIG!r}]',
+        'custom_imports = dict(imports=["projects.D-FINE.dfine", '
+        f'"{PROBE}"], allow_failed_imports=False)',
+        'custom_hooks = [dict(type="GradientRecordHook")]',
+    ]
+    if model_type:
+        lines.append(f'model = dict(type={model_type!r})')
+    with open(path, 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    return path
+
+
+def _train(root: str,
+           empty,
+           shuffle: bool,
+           model_type: str = None,
+           extra=(),
+           check=True):
+    make_synthetic_coco(
+        osp.join(root, 'train'),
+        num_images=WORLD_SIZE * 2 * ITERS,
+        empty=empty)
+    make_synthetic_coco(osp.join(root, 'val'), num_images=2, seed=1)
+    work_dir = osp.join(root, 'work')
+    options = data_options(root) + tiny_options(ITERS) + [
+        f'train_dataloader.sampler.shuffle={shuffle}',
+        'model_wrapper_cfg.type=MMDistributedDataParallel',
+        'model_wrapper_cfg.find_unused_parameters=False', *extra
+    ]
+    output = dist_train(
+        _probe_config(root, model_type),
+        WORLD_SIZE,
+        work_dir,
+        options,
+        timeout=240,
+        check=check)
+    records = []
+    for rank in range(WORLD_SIZE):
+        path = osp.join(work_dir, f'grad_record_rank{rank}.json')
+        if osp.exists(path):
+            with open(path) as f:
+                records.append(json.load(f))
+    return output, records
+
+
+@pytest.fixture(scope='module')
+def empty_rank(tmp_path_factory):
+    return _train(
+        str(tmp_path_factory.mktemp('dfine_empty_rank')), 'odd', False)
+
+
+@pytest.fixture(scope='module')
+def half_empty(tmp_path_factory):
+    return _train(str(tmp_path_factory.mktemp('dfine_half_empty')), 0.5, True)
+
+
+def _check_same_graph_and_keys(run):
+    """Every rank: 20 iterations, every trainable parameter with a gradient
+    in every iteration, the same full set of loss keys as its peer, all
+    finite; MMEngine logged all 20 iterations."""
+    output, records = run
+    assert logged_iters(output.stdout) == list(range(1, ITERS + 1))
+    assert 'find_unused_parameters=False' in output.stdout
+    assert len(records) == WORLD_SIZE
+    for rank, record in enumerate(records):
+        assert len(record['records']) == ITERS, rank
+        assert record['trainable'] == records[0]['trainable']
+        for step, peer in zip(record['records'], records[0]['records']):
+            assert step['missing_grads'] == [], (rank, step)
+            assert set(step['loss_keys']) == EXPECTED_KEYS, (rank, step)
+            assert step['loss_keys'] == peer['loss_keys']
+            assert step['all_finite'], (rank, step)
+
+
+def test_rank_with_only_empty_images(empty_rank):
+    _check_same_graph_and_keys(empty_rank)
+    _, records = empty_rank
+    gt_per_rank = [[s['num_gt'] for s in r['records']] for r in records]
+    assert set(gt_per_rank[EMPTY_RANK]) == {0}
+    assert all(n > 0 for n in gt_per_rank[1 - EMPTY_RANK])
+
+
+def test_half_empty_set(half_empty):
+    _check_same_graph_and_keys(half_empty)
+    _, records = half_empty
+    gt = [s['num_gt'] for r in records for s in r['records']]
+    # Both kinds of batch met: all-empty ones (dummy dn group) on some
+    # rank and iteration, and ones with boxes.
+    assert 0 in gt and max(gt) > 0
+
+
+def test_upstream_empty_batch_behaviour_hangs(tmp_path):
+    """Negative control: with upstream's empty-batch behaviour the GT-less
+    rank leaves the dn class embedding out of its graph, DDP's gradient
+    all-reduce of the rank with boxes never completes, and the run hangs in
+    its first iteration until the collective timeout (what users saw as an
+    NCCL timeout); no iteration is logged."""
+    output, _ = _train(
+        str(tmp_path),
+        'odd',
+        False,
+        model_type='DFINEUpstreamEmptyDn',
+        extra=[f'env_cfg.dist_cfg.timeout={CONTROL_TIMEOUT_S}'],
+        check=False)
+    assert output.returncode != 0
+    assert logged_iters(output.stdout) == []
+    assert f'Timed out waiting {CONTROL_TIMEOUT_S * 1000}ms' in output.stdout
+    # The rank with boxes is stuck in its train step (the gradient
+    # all-reduce), the GT-less one already past it.
+    assert 'rank 0: iter 1, train step (forward/backward/step)' in (
+        output.stdout)
+    assert 'rank 1: iter 1, after train step' in output.stdout
