@@ -10,8 +10,11 @@ from .dfine_head import DFINEHead
 from .dfine_hybrid_encoder import DFINEHybridEncoder
 from .fine_grained_localization_loss import FineGrainedLocalizationLoss
 from .hgnetv2 import HGNetv2
+from .model_ema import ModelEMA
+from .model_ema_hook import ModelEMAHook
 
 __all__ = [
     'DecoupledDistillationFocalLoss', 'DFINE', 'DFINECdnQueryGenerator',
-    'DFINEHead', 'DFINEHybridEncoder', 'FineGrainedLocalizationLoss', 'HGNetv2'
+    'DFINEHead', 'DFINEHybridEncoder', 'FineGrainedLocalizationLoss', 'HGNetv2',
+    'ModelEMA', 'ModelEMAHook'
 ]
