@@ -318,14 +318,19 @@ class DFINEHead(DDPSafeDINOHead):
     def _match(self, scores: Tensor, boxes: Tensor, gts: InstanceList,
                metas: List[dict]) -> List[Matching]:
         """Hungarian matching of one output with ``train_cfg.assigner``,
-        per image, as (query index, GT index) pairs sorted by query."""
+        per image, as (query index, GT index) pairs sorted by query.
+
+        Non-finite predictions are made finite for the matching only (the
+        solver refuses NaN costs; upstream sets NaN costs to 1), so that
+        the loss, computed from the raw predictions, is the one that shows
+        them."""
         pairs = []
         for score, box, gt, meta in zip(scores, boxes, gts, metas):
             height, width = meta['img_shape']
             factor = box.new_tensor([width, height, width, height])
             prediction = InstanceData(
-                scores=score.detach(),
-                bboxes=cxcywh_to_xyxy(box.detach()) * factor)
+                scores=_finite(score.detach()),
+                bboxes=cxcywh_to_xyxy(_finite(box.detach())) * factor)
             assigned = self.assigner.assign(
                 pred_instances=prediction, gt_instances=gt,
                 img_meta=meta).gt_inds
@@ -528,6 +533,11 @@ class DFINEHead(DDPSafeDINOHead):
             weight.repeat_interleave(4, dim=-1).flatten(),
             matched.repeat_interleave(4, dim=-1).flatten(), *part['edges'],
             *part['mix'])
+
+
+def _finite(x: Tensor) -> Tensor:
+    """NaN to 0 and infinities to +-1e4: costs the solver accepts."""
+    return torch.nan_to_num(x, nan=0.0, posinf=1e4, neginf=-1e4)
 
 
 def _flat_index(pairs: List[Matching]) -> Tuple[Tensor, Tensor]:

@@ -20,26 +20,13 @@ import pytest
 
 from mmddp_ext.testing import make_synthetic_coco
 from ...helpers import data_options, dist_train, logged_iters, tiny_options
-from .dfine_utils import TINY_CONFIG
+from .dfine_utils import EXPECTED_KEYS, TINY_CONFIG
 
 ITERS = 20
 WORLD_SIZE = 2
 EMPTY_RANK = 1
 CONTROL_TIMEOUT_S = 20
 PROBE = 'tests.test_projects.test_dfine.ddp_probe'
-# Every term upstream D-FINE computes for a 3-layer decoder.
-EXPECTED_KEYS = {
-    f'loss_{term}{suffix}'
-    for suffix in ('', '_aux_0', '_aux_1', '_pre', '_enc_0', '_dn_0', '_dn_1',
-                   '_dn_2', '_dn_pre')
-    for term in ('vfl', 'bbox', 'giou')
-} | {
-    f'loss_fgl{suffix}'
-    for suffix in ('', '_aux_0', '_aux_1', '_dn_0', '_dn_1', '_dn_2')
-} | {
-    f'loss_ddf{suffix}'
-    for suffix in ('_aux_0', '_aux_1', '_dn_0', '_dn_1', '_dn_2')
-}
 
 
 def _probe_config(root: str, model_type: str = None) -> str:

@@ -1,0 +1,185 @@
+"""tools/convert_dfine_checkpoint.py on checkpoints laid out as upstream's
+own models (``data/*_keys.json``, see data/README.md)."""
+import importlib.util
+import json
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from .dfine_utils import REPO_ROOT, SIZES, import_project, model_config
+
+HERE = osp.dirname(osp.abspath(__file__))
+DATA = osp.join(HERE, 'data')
+CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_dfine_checkpoint.py')
+# Values of the buffers the manifests only give shapes of, from upstream's
+# YAML (configs/dfine/include/dfine_hgnetv2.yml: num_points [3, 6, 3],
+# reg_scale 4; dfine_hgnetv2_n_coco.yml: [6, 6]; dfine_hgnetv2_x_coco.yml:
+# reg_scale 8) and DFINETransformer (up 0.5).
+UPSTREAM_POINTS = {'n': [6, 6]}
+UPSTREAM_REG_SCALE = {'x': 8.0}
+
+
+@pytest.fixture(scope='module')
+def converter():
+    import_project()
+    spec = importlib.util.spec_from_file_location('convert_dfine_checkpoint',
+                                                  CONVERTER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def manifest(size: str) -> dict:
+    with open(osp.join(DATA, f'dfine_hgnetv2_{size}_coco_keys.json')) as f:
+        return json.load(f)
+
+
+def synthetic_checkpoint(size: str, seed: int = 0) -> dict:
+    """A state dict with upstream's keys and shapes for ``size``: random
+    weights, upstream's values for the derived buffers."""
+    gen = torch.Generator().manual_seed(seed)
+    points = UPSTREAM_POINTS.get(size, [3, 6, 3])
+    scale = torch.tensor([1 / n for n in points for _ in range(n)])
+    fixed = {
+        'up': torch.tensor([0.5]),
+        'reg_scale': torch.tensor([UPSTREAM_REG_SCALE.get(size, 4.0)])
+    }
+    state = {}
+    for key, shape in manifest(size).items():
+        name = key.rsplit('.', 1)[-1]
+        if name == 'num_batches_tracked':
+            state[key] = torch.tensor(7)
+        elif name == 'num_points_scale':
+            state[key] = scale.clone()
+        elif name in fixed:
+            state[key] = fixed[name].clone()
+        else:
+            state[key] = torch.randn(shape, generator=gen)
+    return state
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_every_upstream_key_converts_and_loads(converter, size):
+    upstream = synthetic_checkpoint(size)
+    model = converter.reference_model(model_config(size))
+    log = []
+    converted = converter.convert_state_dict(upstream, model.state_dict(),
+                                             converter.model_num_points(model),
+                                             log.append)
+    handled = {line.split()[1] for line in log if line.startswith('map')}
+    handled |= {line.split()[1] for line in log if line.startswith('skip')}
+    assert handled == set(upstream)
+    assert model.load_state_dict(converted, strict=True)
+    num_layers = model.decoder.num_layers
+    pairs = {
+        'decoder.enc_score_head.weight':
+        model.bbox_head.cls_branches[num_layers].weight,
+        'decoder.enc_bbox_head.layers.2.bias':
+        model.bbox_head.reg_branches[num_layers].layers[2].bias,
+        'decoder.dec_bbox_head.0.layers.2.weight':
+        model.bbox_head.reg_branches[0].layers[2].weight,
+        'decoder.pre_bbox_head.layers.0.weight':
+        model.bbox_head.pre_bbox_head.layers[0].weight,
+        'decoder.denoising_class_embed.weight':
+        model.dn_query_generator.label_embedding.weight,
+        'decoder.decoder.lqe_layers.1.reg_conf.layers.0.weight':
+        model.decoder.lqe_layers[1].reg_conf.layers[0].weight,
+        'encoder.encoder.0.layers.0.self_attn.in_proj_weight':
+        model.neck.encoder[0].layers[0].self_attn.in_proj_weight,
+        'backbone.stages.2.blocks.0.aggregation.1.conv.weight':
+        model.backbone.stages[2].blocks[0].aggregation[1].conv.weight,
+    }
+    for key, param in pairs.items():
+        assert torch.equal(upstream[key], param), key
+    assert torch.equal(model.decoder.reg_scale, upstream['decoder.reg_scale'])
+
+
+def test_frozen_backbone_norms_get_num_batches_tracked(converter):
+    """L freezes the backbone's BN (upstream FrozenBatchNorm2d: no
+    counter); the converter fills the counter our BN layers have."""
+    upstream = synthetic_checkpoint('l')
+    key = 'backbone.stem.stem1.bn.num_batches_tracked'
+    assert key not in upstream
+    converted = converter.convert_state_dict(upstream, log=lambda _: None)
+    assert converted[key].item() == 0
+
+
+def _conversion_error(converter, upstream, reference=None, points=None):
+    with pytest.raises(converter.ConversionError) as error:
+        converter.convert_state_dict(
+            upstream, reference, points, log=lambda _: None)
+    return str(error.value)
+
+
+def test_refuses_what_does_not_fit(converter):
+    model = converter.reference_model(model_config('n'))
+    upstream = synthetic_checkpoint('n')
+    upstream['decoder.extra.weight'] = torch.zeros(1)
+    wrong_points = 'decoder.decoder.layers.1.cross_attn.num_points_scale'
+    upstream[wrong_points] = torch.tensor([1 / 4] * 4 + [1 / 8] * 8)
+    upstream['decoder.decoder.up'] = torch.tensor([0.25])
+    message = _conversion_error(converter, upstream, model.state_dict(),
+                                converter.model_num_points(model))
+    assert 'unmapped upstream key: decoder.extra.weight' in message
+    assert f'{wrong_points}: the checkpoint samples [4, 8] points' in message
+    assert 'config [6, 6]' in message
+    assert 'decoder.decoder.up ([0.25]) differs from decoder.up' in message
+
+
+def test_refuses_a_checkpoint_of_another_size(converter):
+    model = converter.reference_model(model_config('n'))
+    message = _conversion_error(converter, synthetic_checkpoint('s'),
+                                model.state_dict(),
+                                converter.model_num_points(model))
+    assert 'shape mismatch: neck.input_proj.0.conv.weight' in message
+    assert 'converted key not in the model' in message
+
+
+def test_refuses_deploy_form(converter):
+    """After upstream's deploy() conv + BN pairs are fused
+    (``conv_bn_fused``) and RepVGG blocks too: refused with the fix."""
+    upstream = synthetic_checkpoint('n')
+    upstream['encoder.lateral_convs.0.conv_bn_fused.weight'] = torch.zeros(
+        128, 128, 1, 1)
+    del upstream['encoder.lateral_convs.0.conv.weight']
+    message = _conversion_error(converter, upstream)
+    assert "come from upstream's deploy()" in message
+    assert 'saved by training' in message
+
+
+def test_imagenet_backbone_file(converter):
+    """Upstream's PPHGNetV2_B0_stage1.pth has the backbone's own names: it
+    passes as it is, checked against the config's backbone."""
+    model = converter.reference_model(model_config('s'))
+    upstream = {
+        k[len('backbone.'):]: v
+        for k, v in synthetic_checkpoint('s').items()
+        if k.startswith('backbone.')
+    }
+    assert converter.is_backbone_checkpoint(upstream)
+    converted = converter.convert_backbone_state_dict(
+        upstream, model.backbone.state_dict(), log=lambda _: None)
+    assert model.backbone.load_state_dict(converted, strict=True)
+
+
+def test_command_line(converter, tmp_path):
+    """The CLI takes upstream's EMA weights, checks them against the N
+    config and writes a file ``load_from`` reads."""
+    src, dst = str(tmp_path / 'dfine_n.pth'), str(tmp_path / 'out.pth')
+    upstream = synthetic_checkpoint('n')
+    torch.save({'ema': {'module': upstream}, 'model': {}}, src)
+    result = subprocess.run(
+        [sys.executable, CONVERTER, src, dst, '--config',
+         model_config('n')],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'from ema.module' in result.stdout
+    converted = torch.load(dst, weights_only=True)['state_dict']
+    assert torch.equal(converted['bbox_head.cls_branches.3.weight'],
+                       upstream['decoder.enc_score_head.weight'])
