@@ -59,7 +59,12 @@ and, once per repository:
   state after them);
 - ``mixup_example`` (DEIM): upstream's ``BatchImageCollateFunction`` with
   ``mixup_prob`` 1 run on ``MIXUP_INPUTS`` after ``random.seed``: the
-  mixed images and targets.
+  mixed images and targets;
+- ``mosaic_example`` (DEIM): upstream's ``Mosaic`` on ``MOSAIC_INPUTS``:
+  the indices and affine parameters it draws, its image and boxes;
+- ``mal_example`` (DEIM): upstream's ``DEIMCriterion.loss_labels_mal`` on
+  ``MAL_INPUTS`` (seeded logits, given matching) for each ``gamma`` and
+  ``mal_alpha``.
 
 Only what these steps never run is stubbed: ``src.misc.dist_utils`` /
 ``engine.misc.dist_utils`` (one process: ``de_parallel`` is the identity)
@@ -117,7 +122,8 @@ TREES = {
                  'optim.lr_scheduler', 'backbone.hgnetv2', 'backbone.presnet',
                  'deim.hybrid_encoder', 'deim.dfine_decoder',
                  'deim.rtdetrv2_decoder', 'deim.deim', 'data.dataloader',
-                 'data.transforms.container', 'data.transforms.mosaic')),
+                 'data.transforms.container', 'data.transforms.mosaic',
+                 'deim.deim_criterion')),
 }
 PRETRAINED_OFF = {'HGNetv2': {'pretrained': False},
                   'PResNet': {'pretrained': False}}
@@ -142,6 +148,25 @@ MOSAIC_INPUTS = dict(
     sizes=[[6, 9], [8, 6], [6, 6], [7, 6]],
     boxes=[[[1.0, 1.0, 5.0, 4.0]], [[0.0, 2.0, 3.0, 7.5]], [],
            [[2.0, 1.0, 6.0, 6.0], [0.5, 0.5, 1.5, 2.0]]])
+#: Logits (2 images x 4 queries x 3 classes, drawn from a seed), predicted
+#: and GT boxes (normalised cx, cy, w, h) and the matching (query, GT) per
+#: image, for DEIM's MAL.
+MAL_INPUTS = dict(
+    seed=7,
+    num_classes=3,
+    num_boxes=3.0,
+    gammas=[1.5, 2.0],
+    mal_alphas=[None, 0.5],
+    pred_boxes=[[[0.3, 0.3, 0.2, 0.2], [0.5, 0.5, 0.4, 0.3],
+                 [0.7, 0.2, 0.1, 0.2], [0.2, 0.8, 0.3, 0.3]],
+                [[0.5, 0.5, 0.5, 0.5], [0.1, 0.1, 0.1, 0.1],
+                 [0.6, 0.6, 0.2, 0.3], [0.4, 0.3, 0.2, 0.2]]],
+    targets=[
+        dict(boxes=[[0.32, 0.28, 0.2, 0.25], [0.5, 0.52, 0.35, 0.3]],
+             labels=[2, 0]),
+        dict(boxes=[[0.6, 0.62, 0.25, 0.3]], labels=[1]),
+    ],
+    indices=[[[0, 1], [0, 1]], [[2], [0]]])
 MIXUP_INPUTS = dict(
     seed=3,
     epoch=5,
@@ -552,6 +577,41 @@ def mosaic_example(up: types.SimpleNamespace) -> dict:
         labels=target['labels'].tolist())
 
 
+def mal_example(up: types.SimpleNamespace) -> dict:
+    """Upstream DEIM's ``loss_labels_mal`` on ``MAL_INPUTS``, for each
+    ``gamma`` and ``mal_alpha``."""
+    import torch
+    generator = torch.Generator().manual_seed(MAL_INPUTS['seed'])
+    logits = torch.randn(2, 4, MAL_INPUTS['num_classes'],
+                         generator=generator)
+    outputs = dict(
+        pred_logits=logits, pred_boxes=torch.tensor(MAL_INPUTS['pred_boxes']))
+    targets = [
+        dict(boxes=torch.tensor(t['boxes']), labels=torch.tensor(t['labels']))
+        for t in MAL_INPUTS['targets']
+    ]
+    indices = [(torch.tensor(q), torch.tensor(g))
+               for q, g in MAL_INPUTS['indices']]
+    losses = []
+    for gamma in MAL_INPUTS['gammas']:
+        for mal_alpha in MAL_INPUTS['mal_alphas']:
+            criterion = up.deim_criterion.DEIMCriterion(
+                matcher=None,
+                weight_dict={},
+                losses=['mal'],
+                gamma=gamma,
+                num_classes=MAL_INPUTS['num_classes'],
+                mal_alpha=mal_alpha)
+            loss = criterion.loss_labels_mal(outputs, targets, indices,
+                                             MAL_INPUTS['num_boxes'])
+            losses.append(
+                dict(
+                    gamma=gamma,
+                    mal_alpha=mal_alpha,
+                    loss_mal=loss['loss_mal'].item()))
+    return dict(inputs=MAL_INPUTS, logits=logits.tolist(), losses=losses)
+
+
 def one_config(repository: str, root: str, yml: str) -> dict:
     up = load_tree(repository, root)
     path = osp.join(root, yml)
@@ -575,6 +635,7 @@ def per_repository(repository: str, root: str, ema_values: set) -> dict:
     if repository == 'DEIM':
         record['mixup_example'] = mixup_example(up)
         record['mosaic_example'] = mosaic_example(up)
+        record['mal_example'] = mal_example(up)
     return record
 
 
