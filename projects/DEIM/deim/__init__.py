@@ -6,13 +6,16 @@ MMEngine registries (and the D-FINE and RT-DETR ports', which it builds
 on).
 """
 from .collate_batch_augment import CollateBatchAugment
+from .deim_head import DEIMHead
 from .deim_mosaic import DEIMMosaic
 from .epoch_policy_dataset import EpochPolicyDataset
 from .flat_cosine_lr import FlatCosineLR, FlatCosineParamScheduler
+from .matchability_aware_loss import MatchabilityAwareLoss
 from .random_iou_crop import RandomIoUCrop
 from .set_epoch_hook import SetEpochHook
 
 __all__ = [
-    'CollateBatchAugment', 'DEIMMosaic', 'EpochPolicyDataset', 'FlatCosineLR',
-    'FlatCosineParamScheduler', 'RandomIoUCrop', 'SetEpochHook'
+    'CollateBatchAugment', 'DEIMHead', 'DEIMMosaic', 'EpochPolicyDataset',
+    'FlatCosineLR', 'FlatCosineParamScheduler', 'MatchabilityAwareLoss',
+    'RandomIoUCrop', 'SetEpochHook'
 ]

@@ -11,6 +11,7 @@ _dfine = importlib.import_module('projects.D-FINE.dfine')
 _rtdetr = importlib.import_module('projects.RT-DETR.rtdetr')
 
 BatchChoiceResize = _rtdetr.BatchChoiceResize
+RTDETRVarifocalLoss = _rtdetr.RTDETRVarifocalLoss
 DFINEHead = _dfine.DFINEHead
 
-__all__ = ['BatchChoiceResize', 'DFINEHead']
+__all__ = ['BatchChoiceResize', 'DFINEHead', 'RTDETRVarifocalLoss']

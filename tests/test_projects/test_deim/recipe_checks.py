@@ -151,6 +151,20 @@ def hook(cfg: Config, hook_type: str) -> dict:
     return found[0]
 
 
+def assert_upstream_ema(cfg: Config, yaml: dict) -> None:
+    """The config's EMA hook builds a ``ModelEMA`` with the YAML's decay and
+    warm-up (``use_ema`` on)."""
+    from mmengine.registry import HOOKS
+    assert yaml['use_ema'] and yaml['ema']['type'] == 'ModelEMA'
+    hook_cfg = dict(hook(cfg, 'ModelEMAHook'))
+    hook_cfg.pop('priority', None)  # the Runner's, not the hook's
+    ema = HOOKS.build(hook_cfg).ema_cfg
+    assert ema == dict(
+        type='ModelEMA',
+        decay=yaml['ema']['decay'],
+        warmups=yaml['ema']['warmups']), ema
+
+
 def multiscale_sizes(cfg: Config):
     """The sizes of the config's multi-scale batch augment (None: none)."""
     augments = cfg.model.data_preprocessor.get('batch_augments') or []

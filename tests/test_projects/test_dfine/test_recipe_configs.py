@@ -55,10 +55,7 @@ def test_ema_policy_multiscale_and_run_settings_are_upstreams(
         config, record):
     cfg = checks.load_config(config)
     yaml = record['yaml']
-    ema = checks.hook(cfg, 'ModelEMAHook')
-    assert (ema['decay'], ema['warmups']) == (yaml['ema']['decay'],
-                                              yaml['ema']['warmups'])
-    assert yaml['use_ema']
+    checks.assert_upstream_ema(cfg, yaml)
     stop = checks.hook(cfg, 'RTDETRAugmentStopHook')
     # the transforms policy and the collate's multi-scale stop together
     assert stop['switch_epoch'] == yaml['policy']['epoch'] == (

@@ -43,7 +43,11 @@ param_scheduler = [
         end=500)
 ]
 ema_hook = dict(
-    type='ModelEMAHook', decay=0.9999, warmups=1000, priority=49)
+    _delete_=True,
+    type='ModelEMAHook',
+    decay=0.9999,
+    warmups=1000,
+    priority=49)
 custom_hooks = [
     ema_hook,
     dict(

@@ -275,7 +275,12 @@ def yaml_values(cfg: dict) -> dict:
         val_total_batch_size=_get(cfg, 'val_dataloader', 'total_batch_size'),
         num_classes=cfg.get('num_classes'),
         remap_mscoco_category=cfg.get('remap_mscoco_category'),
-        checkpoint_freq=cfg.get('checkpoint_freq'))
+        checkpoint_freq=cfg.get('checkpoint_freq'),
+        criterion=cfg.get(cfg.get('criterion')),
+        model_parts={
+            part: cfg.get(name)
+            for part, name in cfg.get(cfg.get('model'), {}).items()
+        })
 
 
 def param_groups(up: types.SimpleNamespace, yml: str) -> List[dict]:

@@ -1,0 +1,125 @@
+"""Every DEIM-D-FINE zoo config (COCO and custom, N/S/M/L/X) carries
+upstream DEIM's recipe: per-parameter lr, weight decay and betas, the
+flat-cosine lr of every group iteration by iteration, EMA, the transforms
+policy and Mosaic, the MixUp window, multi-scale sizes and stop epoch,
+the model changes (unfrozen backbone, SiLU, MAL), epochs, batch size, grad
+clip, AMP and SyncBN.
+
+Expected values: ``data/upstream_recipes.json``, what upstream DEIM's own
+code makes of each YAML (ShihuaHuang95/DEIM; commit and command in the
+file). Custom configs follow the COCO recipe (upstream has none of its
+own for DEIM: its README trains custom data with the COCO YAMLs).
+"""
+import pytest
+
+from . import recipe_checks as checks
+from . import upstream_recipes as upstream
+
+SIZES = ('n', 's', 'm', 'l', 'x')
+CONFIGS = {
+    f'projects/DEIM/configs/deim_hgnetv2_{size}_{kind}.py':
+    f'configs/deim_dfine/deim_hgnetv2_{size}_coco.yml'
+    for size in SIZES for kind in ('coco', 'custom')
+}
+# upstream transform class -> this port's pipeline type
+PORT_TYPES = {
+    'Mosaic': 'DEIMMosaic',
+    'RandomPhotometricDistort': 'PhotoMetricDistortion',
+    'RandomZoomOut': 'Expand',
+    'RandomIoUCrop': 'RandomIoUCrop',
+    'RandomHorizontalFlip': 'RandomFlip',
+    'Resize': 'Resize',
+}
+
+
+def cases():
+    for config, yml in CONFIGS.items():
+        yield pytest.param(config, upstream.recipe(upstream.DEIM, yml),
+                           id=config.rsplit('/', 1)[-1])
+
+
+@pytest.mark.parametrize('config,record', cases())
+def test_every_parameter_has_upstreams_lr_weight_decay_and_betas(
+        config, record):
+    cfg = checks.load_config(config)
+    theirs = checks.upstream_values(record)
+    assert len(theirs) > 400
+    diff = checks.differences(checks.port_values(cfg), theirs)
+    assert not diff, (len(diff), sorted(diff.items())[:8])
+
+
+@pytest.mark.parametrize('config,record', cases())
+def test_flat_cosine_lr_of_every_group_is_upstreams(config, record):
+    cfg = checks.load_config(config)
+    checks.assert_same_lrs(
+        checks.lr_trace(cfg, record), record['lr_trace']['lrs'])
+
+
+@pytest.mark.parametrize('config,record', cases())
+def test_data_policy_mixup_and_multiscale_are_upstreams(config, record):
+    cfg = checks.load_config(config)
+    yaml, collate = record['yaml'], record['collate']
+    dataset = cfg.train_dataloader.dataset
+    assert dataset.type == 'EpochPolicyDataset'
+    assert dataset.policy.epoch == yaml['policy']['epoch']
+    assert dataset.policy.ops == [
+        PORT_TYPES[op] for op in yaml['policy']['ops']
+    ]
+    assert dataset.mosaic_prob == yaml['mosaic_prob']
+    assert set(dataset.get('mosaic_excludes', ('Expand', 'RandomIoUCrop'))
+               ) == {'Expand', 'RandomIoUCrop'}
+    ops = [PORT_TYPES[op['type']] for op in yaml['ops']
+           if op['type'] in PORT_TYPES]
+    assert [t.type for t in dataset.pipeline
+            if t.type in PORT_TYPES.values()] == ops
+    mosaic_op = next(op for op in yaml['ops'] if op['type'] == 'Mosaic')
+    mosaic = dataset.pipeline[0]
+    assert mosaic.type == 'DEIMMosaic' and not mosaic_op['use_cache']
+    assert (mosaic.output_size, mosaic.rotation_range,
+            list(mosaic.translation_range), list(mosaic.scaling_range),
+            mosaic.fill_value) == (mosaic_op['output_size'],
+                                   mosaic_op['rotation_range'],
+                                   mosaic_op['translation_range'],
+                                   mosaic_op['scaling_range'],
+                                   mosaic_op['fill_value'])
+    assert mosaic_op['probability'] == mosaic.get('prob', 1.0)
+    augment, = cfg.model.data_preprocessor.batch_augments
+    assert augment.type == 'CollateBatchAugment'
+    assert augment.mixup_prob == collate['mixup_prob']
+    assert list(augment.mixup_epochs) == collate['mixup_epochs']
+    assert augment.stop_epoch == collate['stop_epoch']
+    assert checks.multiscale_sizes(cfg) == collate['scales']
+    assert checks.hook(cfg, 'SetEpochHook')
+
+
+@pytest.mark.parametrize('config,record', cases())
+def test_model_changes_and_run_settings_are_upstreams(config, record):
+    cfg = checks.load_config(config)
+    yaml = record['yaml']
+    checks.assert_upstream_ema(cfg, yaml)
+    criterion = yaml['criterion']
+    assert criterion['losses'] == ['mal', 'boxes', 'local']
+    head = cfg.model.bbox_head
+    assert head.type == 'DEIMHead'
+    assert head.loss_cls == dict(
+        type='MatchabilityAwareLoss',
+        gamma=criterion['gamma'],
+        loss_weight=criterion['weight_dict']['loss_mal'])
+    assert head.loss_bbox.loss_weight == criterion['weight_dict']['loss_bbox']
+    assert head.loss_iou.loss_weight == criterion['weight_dict']['loss_giou']
+    assert head.loss_fgl.loss_weight == criterion['weight_dict']['loss_fgl']
+    assert head.loss_ddf.loss_weight == criterion['weight_dict']['loss_ddf']
+    decoder = yaml['model_parts']['decoder']
+    assert cfg.model.decoder.layer_cfg.activation == decoder['activation']
+    assert cfg.model.mlp_act == decoder['mlp_act']
+    backbone = yaml['model_parts']['backbone']
+    assert (cfg.model.backbone.frozen_stages,
+            cfg.model.backbone.freeze_norm) == (backbone['freeze_at'],
+                                                backbone['freeze_norm'])
+    assert cfg.train_cfg.max_epochs == yaml['epochs']
+    assert cfg.train_dataloader.batch_size * 8 == yaml['total_batch_size']
+    assert cfg.optim_wrapper.clip_grad.max_norm == yaml['clip_max_norm']
+    assert tuple(cfg.optim_wrapper.optimizer.betas) == tuple(
+        yaml['optimizer']['betas'])
+    assert (cfg.optim_wrapper.type == 'AmpOptimWrapper') == yaml['use_amp']
+    assert bool(cfg.get('sync_bn')) == yaml['sync_bn']
