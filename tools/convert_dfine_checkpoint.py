@@ -25,19 +25,33 @@ sampling points per level (``num_points_scale``) differ from the config's
 ``num_points``.
 """
 import argparse
+import importlib.util
 import os.path as osp
-import pickle
 import re
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from convert_rtdetr_checkpoint import (ConversionError,  # noqa: E402
-                                       _add_num_batches_tracked,
-                                       _check_against, _strip_module,
-                                       select_state_dict)
+
+def _sibling(name: str):
+    """Import a script of this folder by file (tools/ is no package)."""
+    path = osp.join(osp.dirname(osp.abspath(__file__)), f'{name}.py')
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The RT-DETR converter's checkpoint handling, shared.
+_rtdetr = _sibling('convert_rtdetr_checkpoint')
+ConversionError = _rtdetr.ConversionError
+load_checkpoint = _rtdetr.load_checkpoint
+save_converted = _rtdetr.save_converted
+select_state_dict = _rtdetr.select_state_dict
+_add_num_batches_tracked = _rtdetr._add_num_batches_tracked
+_check_against = _rtdetr._check_against
+_strip_module = _rtdetr._strip_module
 
 # Keys upstream stores that the model derives itself: the anchors of the
 # eval size, and the copies of up / reg_scale that upstream's inner decoder
@@ -254,17 +268,7 @@ def parse_args():
 def main() -> int:
     args = parse_args()
     try:
-        checkpoint = torch.load(
-            args.src, map_location='cpu', weights_only=not args.trust_pickle)
-    except pickle.UnpicklingError as error:
-        print(
-            f'{args.src} holds objects other than tensors (e.g. an '
-            'optimizer or scheduler state), which the safe loader refuses. '
-            'If you trust the file, rerun with --trust-pickle.\n'
-            f'{error}',
-            file=sys.stderr)
-        return 1
-    try:
+        checkpoint = load_checkpoint(args.src, args.trust_pickle)
         upstream, source = select_state_dict(checkpoint)
         backbone = is_backbone_checkpoint(upstream)
         kind = 'ImageNet HGNetv2 backbone' if backbone else 'D-FINE'
@@ -274,18 +278,13 @@ def main() -> int:
             converted = convert_backbone_state_dict(
                 upstream, model and model.backbone.state_dict())
         else:
-            converted = convert_state_dict(upstream, model
-                                           and model.state_dict(), model
-                                           and model_num_points(model))
+            converted = convert_state_dict(
+                upstream, model and model.state_dict(),
+                model and model_num_points(model))
     except ConversionError as error:
         print(error, file=sys.stderr)
         return 1
-    torch.save(
-        {
-            'state_dict': converted,
-            'meta': dict(converted_from=args.src, source=source)
-        }, args.dst)
-    print(f'saved {len(converted)} tensors to {args.dst}')
+    save_converted(converted, args.dst, args.src, source)
     return 0
 
 

@@ -347,20 +347,36 @@ def _refuse_discrete_sampling(src: str) -> None:
             'the file if it is not a dsp model.')
 
 
+def load_checkpoint(src: str, trust_pickle: bool = False) -> Dict:
+    """``torch.load`` of an upstream file on the CPU, tensors only unless
+    ``trust_pickle``; a file the safe loader refuses raises
+    :class:`ConversionError` saying how to proceed."""
+    try:
+        return torch.load(
+            src, map_location='cpu', weights_only=not trust_pickle)
+    except pickle.UnpicklingError as error:
+        raise ConversionError(
+            f'{src} holds objects other than tensors (e.g. an optimizer or '
+            'scheduler state), which the safe loader refuses. If you trust '
+            f'the file, rerun with --trust-pickle.\n{error}') from error
+
+
+def save_converted(converted: Dict[str, torch.Tensor], dst: str, src: str,
+                   source: str) -> None:
+    """Write ``converted`` as a checkpoint ``load_from`` and ``init_cfg``
+    read, noting where it came from."""
+    torch.save(
+        {
+            'state_dict': converted,
+            'meta': dict(converted_from=src, source=source)
+        }, dst)
+    print(f'saved {len(converted)} tensors to {dst}')
+
+
 def main() -> int:
     args = parse_args()
     try:
-        checkpoint = torch.load(
-            args.src, map_location='cpu', weights_only=not args.trust_pickle)
-    except pickle.UnpicklingError as error:
-        print(
-            f'{args.src} holds objects other than tensors (e.g. an '
-            'optimizer or scheduler state), which the safe loader refuses. '
-            'If you trust the file, rerun with --trust-pickle.\n'
-            f'{error}',
-            file=sys.stderr)
-        return 1
-    try:
+        checkpoint = load_checkpoint(args.src, args.trust_pickle)
         upstream, source = select_state_dict(checkpoint)
         _refuse_discrete_sampling(args.src)
         backbone = is_backbone_checkpoint(upstream)
@@ -375,12 +391,7 @@ def main() -> int:
     except ConversionError as error:
         print(error, file=sys.stderr)
         return 1
-    torch.save(
-        {
-            'state_dict': converted,
-            'meta': dict(converted_from=args.src, source=source)
-        }, args.dst)
-    print(f'saved {len(converted)} tensors to {args.dst}')
+    save_converted(converted, args.dst, args.src, source)
     return 0
 
 

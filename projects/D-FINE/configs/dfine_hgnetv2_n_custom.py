@@ -3,7 +3,7 @@
 # configs/dfine/custom/dfine_hgnetv2_n_custom.yml.
 #   python tools/convert_dfine_checkpoint.py dfine_n_coco.pth \
 #       checkpoints/dfine_n_coco_mmdet.pth \
-#       --config projects/D-FINE/configs/dfine_hgnetv2_n_custom.py
+#       --config projects/D-FINE/configs/_base_/dfine_hgnetv2_n.py
 #   bash tools/dist_train.sh \
 #       projects/D-FINE/configs/dfine_hgnetv2_n_custom.py 8
 # Edit data_root and classes below. load_from keeps every weight except the

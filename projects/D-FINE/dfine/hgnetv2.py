@@ -1,6 +1,7 @@
 """HGNetv2, the backbone of D-FINE and DEIM, as an MMDetection backbone."""
 from typing import Sequence, Tuple
 
+import torch
 from mmdet.registry import MODELS
 from mmengine.model import BaseModule
 from torch import Tensor, nn
@@ -75,6 +76,13 @@ class HGNetv2(BaseModule):
             Defaults to -1.
         freeze_norm (bool): Upstream ``freeze_norm``: every BN layer in
             eval mode with ``requires_grad=False``. Defaults to False.
+        channels_last (bool): In eval mode, run on channels-last (NHWC)
+            activations (the returned maps are channels-last too): the
+            same values, and on the CPU (oneDNN) about a quarter less time
+            for a 640-px forward of B0. Training keeps the default layout:
+            PyTorch's CPU batch norm computes the batch statistics of
+            channels-last maps less exactly (outputs 1e-5 apart), which
+            would move training away from upstream's. Defaults to True.
         init_cfg (dict, optional): MMEngine init config, e.g.
             ``dict(type='Pretrained', checkpoint='PPHGNetV2_B4_stage1.pth')``.
             Defaults to None.
@@ -86,6 +94,7 @@ class HGNetv2(BaseModule):
                  out_indices: Sequence[int] = (1, 2, 3),
                  frozen_stages: int = -1,
                  freeze_norm: bool = False,
+                 channels_last: bool = True,
                  init_cfg=None) -> None:
         super().__init__(init_cfg=init_cfg)
         if arch not in ARCH_SETTINGS:
@@ -107,6 +116,7 @@ class HGNetv2(BaseModule):
         self.out_indices = tuple(out_indices)
         self.frozen_stages = frozen_stages
         self.freeze_norm = freeze_norm
+        self.channels_last = channels_last
         self.out_channels = [s[2] for s in stage_settings]
         self.stem = StemBlock(*stem_channels, use_lab=use_lab)
         self.stages = nn.ModuleList(
@@ -150,6 +160,8 @@ class HGNetv2(BaseModule):
 
     def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
         """Features of the ``out_indices`` stages, fine to coarse."""
+        if self.channels_last and not self.training:
+            x = x.contiguous(memory_format=torch.channels_last)
         x = self.stem(x)
         outs = []
         for index, stage in enumerate(self.stages):

@@ -29,6 +29,18 @@ def test_hgnetv2_strides_channels_and_freezing(dfine):
     assert not any(p.requires_grad for m in bns for p in m.parameters())
     convs = frozen.stages[0].blocks[0].layers[0].conv
     assert convs.weight.requires_grad
+    # channels-last activations in eval only, the same values
+    backbone.eval()
+    with torch.no_grad():
+        image = torch.rand(1, 3, 64, 64)
+        fast = backbone(image)
+        backbone.channels_last = False
+        plain = backbone(image)
+    assert fast[0].is_contiguous(memory_format=torch.channels_last)
+    assert plain[0].is_contiguous()
+    for a, b in zip(fast, plain):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert outs[0].is_contiguous()  # training: the default layout
     with pytest.raises(ValueError, match="arch must be one of"):
         dfine.HGNetv2(arch='B9')
     with pytest.raises(ValueError, match='out_indices'):
