@@ -57,19 +57,24 @@ def recipe_options(epochs: int) -> list:
 
 def dist_train(work_dir: str, options: list) -> str:
     env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable)
-    cmd = ['bash', osp.join(REPO, 'tools', 'dist_train.sh'), CONFIG, '2',
-           '--work-dir', work_dir, '--cfg-options', *options]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True,
-                         text=True)
+    cmd = [
+        'bash',
+        osp.join(REPO, 'tools', 'dist_train.sh'), CONFIG, '2', '--work-dir',
+        work_dir, '--cfg-options', *options
+    ]
+    out = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stdout[-4000:] + out.stderr[-4000:])
     return out.stdout
 
 
 def evaluate(checkpoint: str, work_dir: str, data: str) -> float:
-    cmd = [sys.executable, osp.join(REPO, 'tools', 'test.py'), CONFIG,
-           checkpoint, '--work-dir', work_dir, '--cfg-options',
-           *data_options(data)]
+    cmd = [
+        sys.executable,
+        osp.join(REPO, 'tools', 'test.py'), CONFIG, checkpoint, '--work-dir',
+        work_dir, '--cfg-options', *data_options(data)
+    ]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(out.stdout[-4000:] + out.stderr[-4000:])
@@ -93,28 +98,35 @@ def main() -> int:
     finetune_data = osp.join(root, 'finetune_data')
     for data, seed in ((pretrain_data, 0), (finetune_data, 1)):
         make_synthetic_coco(
-            osp.join(data, 'train'), num_images=args.images, empty=0.5,
+            osp.join(data, 'train'),
+            num_images=args.images,
+            empty=0.5,
             seed=seed)
         make_synthetic_coco(
             osp.join(data, 'val'), num_images=16, empty=0.5, seed=seed + 10)
     pretrain = osp.join(root, 'pretrain')
-    dist_train(pretrain, data_options(pretrain_data) +
-               recipe_options(args.epochs))
+    dist_train(pretrain,
+               data_options(pretrain_data) + recipe_options(args.epochs))
     start, = glob.glob(osp.join(pretrain, f'epoch_{args.epochs}.pth'))
     start_map = evaluate(start, osp.join(root, 'eval_start'), finetune_data)
     finetune = osp.join(root, 'finetune')
-    dist_train(finetune, data_options(finetune_data) +
-               recipe_options(args.epochs) + [f'load_from={start}'])
+    dist_train(
+        finetune,
+        data_options(finetune_data) + recipe_options(args.epochs) +
+        [f'load_from={start}'])
     rows = scalars(finetune)
     print(f'fine-tune of the tiny DEIM-D-FINE-N, 2 gloo ranks, '
           f'{args.images} train images (about half without boxes), '
           f'{args.epochs} epochs; work dirs under {root}')
     print(f'mAP of the starting checkpoint on the new set: {start_map:.4f}')
     for epoch in range(1, args.epochs + 1):
-        losses = [r['loss'] for r in rows if r.get('epoch') == epoch
-                  and 'loss' in r]
-        maps = [r['coco/bbox_mAP'] for r in rows
-                if r.get('step') == epoch and 'coco/bbox_mAP' in r]
+        losses = [
+            r['loss'] for r in rows if r.get('epoch') == epoch and 'loss' in r
+        ]
+        maps = [
+            r['coco/bbox_mAP'] for r in rows
+            if r.get('step') == epoch and 'coco/bbox_mAP' in r
+        ]
         mean = sum(losses) / len(losses) if losses else float('nan')
         line = f'epoch {epoch}: mean train loss {mean:.3f}'
         if maps:

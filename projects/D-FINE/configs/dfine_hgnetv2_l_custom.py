@@ -3,7 +3,7 @@
 # configs/dfine/custom/dfine_hgnetv2_l_custom.yml.
 #   python tools/convert_dfine_checkpoint.py dfine_l_coco.pth \
 #       checkpoints/dfine_l_coco_mmdet.pth \
-#       --config projects/D-FINE/configs/dfine_hgnetv2_l_custom.py
+#       --config projects/D-FINE/configs/_base_/dfine_hgnetv2_l.py
 #   bash tools/dist_train.sh \
 #       projects/D-FINE/configs/dfine_hgnetv2_l_custom.py 8
 # Edit data_root and classes below. load_from keeps every weight except the
@@ -12,9 +12,7 @@
 # Recipe: dfine_hgnetv2_l_coco.py's (upstream's parameter groups, EMA, warm-up,
 # policy), with upstream's custom-config differences: none (upstream's custom
 # config equals the COCO one but for the dataset).
-_base_ = [
-    './dfine_hgnetv2_l_coco.py', '../../../configs/_base_/mmddp_ext.py'
-]
+_base_ = ['./dfine_hgnetv2_l_coco.py', '../../../configs/_base_/mmddp_ext.py']
 custom_imports = dict(
     imports=['mmddp_ext', 'projects.D-FINE.dfine'], allow_failed_imports=False)
 data_root = 'data/custom/'

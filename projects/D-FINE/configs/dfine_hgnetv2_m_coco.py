@@ -14,32 +14,28 @@ model = dict(
         dict(
             type='BatchChoiceResize',
             scales=[480, 512, 544, 576, 608] + [640] * 6 +
-                [800, 768, 736, 704, 672])
+            [800, 768, 736, 704, 672])
     ]))
 train_dataloader = dict(batch_size=4)
 val_dataloader = dict(batch_size=8)
 test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(lr=2e-4, weight_decay=1e-4),
-    paramwise_cfg=dict(
-        params=[
-            dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=2e-5),
-            dict(
-                params='^(?=.*backbone)(?=.*norm|bn).*$',
-                lr=2e-5,
-                weight_decay=0.),
-            dict(
-                params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
-                weight_decay=0.),
-        ]))
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=2e-5),
+        dict(
+            params='^(?=.*backbone)(?=.*norm|bn).*$', lr=2e-5,
+            weight_decay=0.),
+        dict(
+            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
+            weight_decay=0.),
+    ]))
 max_epochs = 132
 stop_epoch = 120
 train_cfg = dict(max_epochs=max_epochs)
-custom_hooks = [
-    {{_base_.ema_hook}},
-    dict(
-        type='RTDETRAugmentStopHook',
-        switch_epoch=stop_epoch,
-        switch_pipeline={{_base_.no_aug_pipeline}})
-]
+custom_hooks = [{{_base_.ema_hook}},
+                dict(
+                    type='RTDETRAugmentStopHook',
+                    switch_epoch=stop_epoch,
+                    switch_pipeline={{_base_.no_aug_pipeline}})]
 auto_scale_lr = dict(base_batch_size=32)

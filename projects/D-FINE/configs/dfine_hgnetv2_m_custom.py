@@ -3,7 +3,7 @@
 # configs/dfine/custom/dfine_hgnetv2_m_custom.yml.
 #   python tools/convert_dfine_checkpoint.py dfine_m_coco.pth \
 #       checkpoints/dfine_m_coco_mmdet.pth \
-#       --config projects/D-FINE/configs/dfine_hgnetv2_m_custom.py
+#       --config projects/D-FINE/configs/_base_/dfine_hgnetv2_m.py
 #   bash tools/dist_train.sh \
 #       projects/D-FINE/configs/dfine_hgnetv2_m_custom.py 8
 # Edit data_root and classes below. load_from keeps every weight except the
@@ -12,9 +12,7 @@
 # Recipe: dfine_hgnetv2_m_coco.py's (upstream's parameter groups, EMA, warm-up,
 # policy), with upstream's custom-config differences: AdamW lr 2.5e-4, backbone
 # 2.5e-5, weight decay 1.25e-4 (COCO: 2e-4, 2e-5, 1e-4).
-_base_ = [
-    './dfine_hgnetv2_m_coco.py', '../../../configs/_base_/mmddp_ext.py'
-]
+_base_ = ['./dfine_hgnetv2_m_coco.py', '../../../configs/_base_/mmddp_ext.py']
 custom_imports = dict(
     imports=['mmddp_ext', 'projects.D-FINE.dfine'], allow_failed_imports=False)
 data_root = 'data/custom/'
@@ -39,15 +37,14 @@ val_evaluator = dict(ann_file=data_root + 'val/annotations.json')
 test_evaluator = val_evaluator
 optim_wrapper = dict(
     optimizer=dict(lr=2.5e-4, weight_decay=1.25e-4),
-    paramwise_cfg=dict(
-        params=[
-            dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=2.5e-5),
-            dict(
-                params='^(?=.*backbone)(?=.*norm|bn).*$',
-                lr=2.5e-5,
-                weight_decay=0.),
-            dict(
-                params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
-                weight_decay=0.),
-        ]))
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=2.5e-5),
+        dict(
+            params='^(?=.*backbone)(?=.*norm|bn).*$',
+            lr=2.5e-5,
+            weight_decay=0.),
+        dict(
+            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
+            weight_decay=0.),
+    ]))
 load_from = 'checkpoints/dfine_m_coco_mmdet.pth'

@@ -12,9 +12,7 @@
 # Recipe: dfine_hgnetv2_n_coco.py's (upstream's parameter groups, EMA, warm-up,
 # policy), with upstream's custom-config differences: 220 epochs, the strong
 # augmentation and multi-scale stopped from epoch 200 (COCO: 160, 148).
-_base_ = [
-    './dfine_hgnetv2_n_coco.py', '../../../configs/_base_/mmddp_ext.py'
-]
+_base_ = ['./dfine_hgnetv2_n_coco.py', '../../../configs/_base_/mmddp_ext.py']
 custom_imports = dict(
     imports=['mmddp_ext', 'projects.D-FINE.dfine'], allow_failed_imports=False)
 data_root = 'data/custom/'
@@ -40,11 +38,9 @@ test_evaluator = val_evaluator
 max_epochs = 220
 stop_epoch = 200
 train_cfg = dict(max_epochs=max_epochs)
-custom_hooks = [
-    {{_base_.ema_hook}},
-    dict(
-        type='RTDETRAugmentStopHook',
-        switch_epoch=stop_epoch,
-        switch_pipeline={{_base_.no_aug_pipeline}})
-]
+custom_hooks = [{{_base_.ema_hook}},
+                dict(
+                    type='RTDETRAugmentStopHook',
+                    switch_epoch=stop_epoch,
+                    switch_pipeline={{_base_.no_aug_pipeline}})]
 load_from = 'checkpoints/dfine_n_coco_mmdet.pth'

@@ -31,11 +31,12 @@ def _rules(num_layers: int) -> List[Tuple[re.Pattern, Callable]]:
         (r'(query_pos_head|enc_output)\.(.+)',
          lambda m: f'decoder.{m[1]}.{m[2]}'),
         (r'bbox_head\.cls_branches\.(\d+)\.(.+)',
-         lambda m: f'decoder.enc_score_head.{m[2]}' if int(m[1]) ==
-         num_layers else f'decoder.dec_score_head.{m[1]}.{m[2]}'),
+         lambda m: f'decoder.enc_score_head.{m[2]}' if int(m[
+             1]) == num_layers else f'decoder.dec_score_head.{m[1]}.{m[2]}'),
         (r'bbox_head\.reg_branches\.(\d+)\.(.+)',
-         lambda m: f'decoder.enc_bbox_head.{m[2]}' if int(m[1]) ==
-         num_layers else f'decoder.dec_bbox_head.{m[1]}.{m[2]}'),
+         lambda m: f'decoder.enc_bbox_head.{m[2]}'
+         if int(m[1]) == num_layers else f'decoder.dec_bbox_head.{m[1]}.{m[2]}'
+         ),
         (r'bbox_head\.pre_bbox_head\.(.+)',
          lambda m: f'decoder.pre_bbox_head.{m[1]}'),
     ]

@@ -1,5 +1,6 @@
-# DEIM-D-FINE-L on COCO, upstream DEIM configs/deim_dfine/deim_hgnetv2_l_coco.yml
-# (ShihuaHuang95/DEIM): 54.7 AP (54.0 for D-FINE-L in DEIM's table), 8.07 ms
+# DEIM-D-FINE-L on COCO, upstream DEIM
+# configs/deim_dfine/deim_hgnetv2_l_coco.yml (ShihuaHuang95/DEIM):
+# 54.7 AP (54.0 for D-FINE-L in DEIM's table), 8.07 ms
 # (T4, TensorRT FP16) upstream.
 #   bash tools/dist_train.sh \
 #       projects/DEIM/configs/deim_hgnetv2_l_coco.py 8
@@ -24,7 +25,7 @@ model = dict(
             mixup_prob=0.5,
             mixup_epochs=[4, 29],
             scales=[480, 512, 544, 576, 608] + [640] * 4 +
-                [800, 768, 736, 704, 672],
+            [800, 768, 736, 704, 672],
             stop_epoch=50)
     ]),
     # deim.yml: freeze_at -1, freeze_norm False
@@ -38,19 +39,17 @@ model = dict(
             gamma=1.5,
             loss_weight=1.0)))
 train_dataloader = dict(
-    batch_size=4,
-    dataset=dict(policy=dict(epoch=[4, 29, 50])))
+    batch_size=4, dataset=dict(policy=dict(epoch=[4, 29, 50])))
 val_dataloader = dict(batch_size=8)
 test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(lr=5e-4, weight_decay=1.25e-4),
-    paramwise_cfg=dict(
-        params=[
-            dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=2.5e-5),
-            dict(
-                params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn)).*$',
-                weight_decay=0.),
-        ]))
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=2.5e-5),
+        dict(
+            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn)).*$',
+            weight_decay=0.),
+    ]))
 max_epochs = 58
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [

@@ -1,5 +1,6 @@
-# DEIM-D-FINE-N on COCO, upstream DEIM configs/deim_dfine/deim_hgnetv2_n_coco.yml
-# (ShihuaHuang95/DEIM): 43.0 AP (42.8 for D-FINE-N in DEIM's table), 2.12 ms
+# DEIM-D-FINE-N on COCO, upstream DEIM
+# configs/deim_dfine/deim_hgnetv2_n_coco.yml (ShihuaHuang95/DEIM):
+# 43.0 AP (42.8 for D-FINE-N in DEIM's table), 2.12 ms
 # (T4, TensorRT FP16) upstream.
 #   bash tools/dist_train.sh \
 #       projects/DEIM/configs/deim_hgnetv2_n_coco.py 8
@@ -36,23 +37,20 @@ model = dict(
             gamma=1.5,
             loss_weight=1.0)))
 train_dataloader = dict(
-    batch_size=16,
-    dataset=dict(policy=dict(epoch=[4, 78, 148])))
+    batch_size=16, dataset=dict(policy=dict(epoch=[4, 78, 148])))
 val_dataloader = dict(batch_size=32)
 test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(lr=8e-4, weight_decay=1e-4),
-    paramwise_cfg=dict(
-        params=[
-            dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=4e-4),
-            dict(
-                params='^(?=.*backbone)(?=.*norm|bn).*$',
-                lr=4e-4,
-                weight_decay=0.),
-            dict(
-                params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
-                weight_decay=0.),
-        ]))
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=4e-4),
+        dict(
+            params='^(?=.*backbone)(?=.*norm|bn).*$', lr=4e-4,
+            weight_decay=0.),
+        dict(
+            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
+            weight_decay=0.),
+    ]))
 max_epochs = 160
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [

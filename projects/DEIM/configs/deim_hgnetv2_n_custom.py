@@ -4,15 +4,13 @@
 # deim_hgnetv2_n_coco.py (every recipe value) on your data.
 #   python tools/convert_dfine_checkpoint.py deim_hgnetv2_n_coco.pth \
 #       checkpoints/deim_hgnetv2_n_coco_mmdet.pth \
-#       --config projects/DEIM/configs/deim_hgnetv2_n_custom.py
+#       --config projects/DEIM/configs/deim_hgnetv2_n_coco.py
 #   bash tools/dist_train.sh \
 #       projects/DEIM/configs/deim_hgnetv2_n_custom.py 8
 # Edit data_root and classes below. load_from keeps every weight except the
 # class-sized layers (mismatched shapes are skipped with a warning); the
 # backbone's ImageNet init is off, load_from replaces it.
-_base_ = [
-    './deim_hgnetv2_n_coco.py', '../../../configs/_base_/mmddp_ext.py'
-]
+_base_ = ['./deim_hgnetv2_n_coco.py', '../../../configs/_base_/mmddp_ext.py']
 custom_imports = dict(
     imports=['mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim'],
     allow_failed_imports=False)

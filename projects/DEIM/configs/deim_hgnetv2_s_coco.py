@@ -1,5 +1,6 @@
-# DEIM-D-FINE-S on COCO, upstream DEIM configs/deim_dfine/deim_hgnetv2_s_coco.yml
-# (ShihuaHuang95/DEIM): 49.0 AP (48.7 for D-FINE-S in DEIM's table), 3.49 ms
+# DEIM-D-FINE-S on COCO, upstream DEIM
+# configs/deim_dfine/deim_hgnetv2_s_coco.yml (ShihuaHuang95/DEIM):
+# 49.0 AP (48.7 for D-FINE-S in DEIM's table), 3.49 ms
 # (T4, TensorRT FP16) upstream.
 #   bash tools/dist_train.sh \
 #       projects/DEIM/configs/deim_hgnetv2_s_coco.py 8
@@ -24,7 +25,7 @@ model = dict(
             mixup_prob=0.5,
             mixup_epochs=[4, 64],
             scales=[480, 512, 544, 576, 608] + [640] * 20 +
-                [800, 768, 736, 704, 672],
+            [800, 768, 736, 704, 672],
             stop_epoch=120)
     ]),
     # deim.yml: freeze_at -1, freeze_norm False
@@ -38,17 +39,15 @@ model = dict(
             gamma=1.5,
             loss_weight=1.0)))
 train_dataloader = dict(
-    batch_size=4,
-    dataset=dict(policy=dict(epoch=[4, 64, 120])))
+    batch_size=4, dataset=dict(policy=dict(epoch=[4, 64, 120])))
 val_dataloader = dict(batch_size=8)
 test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(lr=4e-4, weight_decay=1e-4),
-    paramwise_cfg=dict(
-        params=[
-            dict(params='^(?=.*backbone)(?!.*bn).*$', lr=2e-4),
-            dict(params='^(?=.*(?:norm|bn)).*$', weight_decay=0.),
-        ]))
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?!.*bn).*$', lr=2e-4),
+        dict(params='^(?=.*(?:norm|bn)).*$', weight_decay=0.),
+    ]))
 max_epochs = 132
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [

@@ -93,7 +93,6 @@ default_hooks = dict(
         max_keep_ckpts=2))
 log_processor = dict(by_epoch=True)
 custom_hooks = [
-    dict(
-        type='ModelEMAHook', decay=0.9999, warmups=1000, priority=49),
+    dict(type='ModelEMAHook', decay=0.9999, warmups=1000, priority=49),
     dict(type='SetEpochHook')
 ]

@@ -88,8 +88,7 @@ def mixup(inputs: Tensor, data_samples: List[DetDataSample],
     """Mix each image with the previous one of the batch (the first with
     the last), weight ``beta`` on its own; its GT becomes its own followed
     by the other image's."""
-    mixed = inputs.roll(shifts=1, dims=0).mul(1.0 - beta).add(
-        inputs.mul(beta))
+    mixed = inputs.roll(shifts=1, dims=0).mul(1.0 - beta).add(inputs.mul(beta))
     count = len(data_samples)
     instances = [s.gt_instances for s in data_samples]
     for index, sample in enumerate(data_samples):

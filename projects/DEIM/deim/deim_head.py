@@ -41,8 +41,7 @@ class DEIMHead(DFINEHead):
     def __init__(self,
                  *args,
                  loss_cls: dict = dict(
-                     type='MatchabilityAwareLoss', gamma=1.5,
-                     loss_weight=1.0),
+                     type='MatchabilityAwareLoss', gamma=1.5, loss_weight=1.0),
                  **kwargs) -> None:
         super().__init__(*args, loss_cls=loss_cls, **kwargs)
         if not isinstance(self.loss_cls, MatchabilityAwareLoss):
@@ -52,7 +51,9 @@ class DEIMHead(DFINEHead):
                 f'gamma=1.5), got {type(self.loss_cls).__name__}. For '
                 "D-FINE's varifocal loss use type='DFINEHead'.")
 
-    def _output_losses(self, *args, zero_ddf: bool = False,
+    def _output_losses(self,
+                       *args,
+                       zero_ddf: bool = False,
                        **kwargs) -> Dict[str, Tensor]:
         """``DFINEHead._output_losses`` with the classification key named
         ``loss_mal`` and no DDF term for the last dn layer (see the class

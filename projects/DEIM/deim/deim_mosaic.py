@@ -30,14 +30,12 @@ def affine_matrix(center: Sequence[float], angle: float,
     cx, cy = center
     linear = scale * np.array([[math.cos(rot), -math.sin(rot)],
                                [math.sin(rot), math.cos(rot)]])
-    offset = np.array([cx + translate[0], cy + translate[1]]) - linear @ [
-        cx, cy
-    ]
+    offset = np.array([cx + translate[0], cy + translate[1]
+                       ]) - linear @ [cx, cy]
     return np.concatenate([linear, offset[:, None]], axis=1)
 
 
-def warp_affine(img: np.ndarray, matrix: np.ndarray,
-                fill: int) -> np.ndarray:
+def warp_affine(img: np.ndarray, matrix: np.ndarray, fill: int) -> np.ndarray:
     """Nearest-neighbour warp with PIL's convention, which torchvision uses
     for PIL images: output pixel (x, y) takes input pixel
     ``floor(inverse @ (x + 0.5, y + 0.5))``, outside pixels are ``fill``.
@@ -51,8 +49,7 @@ def warp_affine(img: np.ndarray, matrix: np.ndarray,
     height, width = img.shape[:2]
     return cv2.warpAffine(
         img,
-        inverse_matrix,
-        (width, height),
+        inverse_matrix, (width, height),
         flags=cv2.INTER_NEAREST | cv2.WARP_INVERSE_MAP,
         borderMode=cv2.BORDER_CONSTANT,
         borderValue=(fill, ) * (img.shape[2] if img.ndim == 3 else 1))

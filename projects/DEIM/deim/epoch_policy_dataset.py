@@ -117,8 +117,8 @@ class EpochPolicyDataset(MultiImageMixDataset):
 def _check_policy(policy: Dict,
                   pipeline_types: Sequence[str]) -> Union[int, tuple]:
     """The policy's epoch(s), after checking the config."""
-    if not isinstance(policy, dict) or 'epoch' not in policy or (
-            'ops' not in policy):
+    if not isinstance(policy,
+                      dict) or 'epoch' not in policy or ('ops' not in policy):
         raise ValueError(
             'EpochPolicyDataset policy must be a dict with epoch (an int, '
             'or [e0, e1, e2] for DEIM) and ops (pipeline types), e.g. '

@@ -43,7 +43,9 @@ class MatchabilityAwareLoss(RTDETRVarifocalLoss):
         **kwargs: Other keys of :class:`RTDETRVarifocalLoss`.
     """
 
-    def __init__(self, alpha: float = 1.0, gamma: float = 1.5,
+    def __init__(self,
+                 alpha: float = 1.0,
+                 gamma: float = 1.5,
                  **kwargs) -> None:
         super().__init__(alpha=alpha, gamma=gamma, **kwargs)
 

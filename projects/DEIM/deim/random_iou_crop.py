@@ -60,8 +60,8 @@ class RandomIoUCrop(BaseTransform):
         if not 0 <= prob <= 1:
             raise ValueError(f'RandomIoUCrop prob must be in [0, 1], got '
                              f'{prob}.')
-        options = list(DEFAULT_OPTIONS if sampler_options is None else
-                       sampler_options)
+        options = list(DEFAULT_OPTIONS if sampler_options is
+                       None else sampler_options)
         if not any(option >= 1.0 for option in options):
             raise ValueError(
                 'RandomIoUCrop sampler_options must contain a value >= 1 '
@@ -85,10 +85,9 @@ class RandomIoUCrop(BaseTransform):
             for _ in range(self.trials):
                 span = self.max_scale - self.min_scale
                 new_w = int(width * (self.min_scale + span * random.random()))
-                new_h = int(height *
-                            (self.min_scale + span * random.random()))
-                if new_h == 0 or not (self.min_aspect_ratio <= new_w / new_h
-                                      <= self.max_aspect_ratio):
+                new_h = int(height * (self.min_scale + span * random.random()))
+                if new_h == 0 or not (self.min_aspect_ratio <= new_w / new_h <=
+                                      self.max_aspect_ratio):
                     continue
                 left = int((width - new_w) * random.random())
                 top = int((height - new_h) * random.random())

@@ -25,7 +25,8 @@ from mmengine.registry import HOOKS
 
 _deim = importlib.import_module('projects.DEIM.deim')
 _dfine = importlib.import_module('projects.D-FINE.dfine')
-_dfine_probe = importlib.import_module('tests.test_projects.test_dfine.ddp_probe')
+_dfine_probe = importlib.import_module(
+    'tests.test_projects.test_dfine.ddp_probe')
 
 
 def _policy_datasets(dataset):
@@ -70,7 +71,8 @@ class ResumeRecordHook(Hook):
                 ]))
 
     def after_train(self, runner) -> None:
-        path = osp.join(runner.work_dir, f'resume_record_rank{get_rank()}.json')
+        path = osp.join(runner.work_dir,
+                        f'resume_record_rank{get_rank()}.json')
         with open(path, 'w') as f:
             json.dump(self.record, f)
 
@@ -83,7 +85,9 @@ class DEIMUpstreamEmptyDnHead(_deim.DEIMHead):
 
     def loss(self, *args, dn_meta, batch_data_samples, **kwargs):
         losses = super().loss(
-            *args, dn_meta=dn_meta, batch_data_samples=batch_data_samples,
+            *args,
+            dn_meta=dn_meta,
+            batch_data_samples=batch_data_samples,
             **kwargs)
         if dn_meta['num_denoising_queries'] == 0:
             losses = {k: v for k, v in losses.items() if '_dn_' not in k}

@@ -65,8 +65,8 @@ def port_values(cfg: Config, **overrides) -> Values:
     return {
         name_of[id(param)]:
         (group['lr'], group['weight_decay'], tuple(group['betas']))
-        for group in optimizer.param_groups for param in group['params']
-        if param.requires_grad
+        for group in optimizer.param_groups
+        for param in group['params'] if param.requires_grad
     }
 
 
@@ -79,13 +79,15 @@ def upstream_values(record: dict) -> Values:
     }
     names = list(by_upstream)
     converted = _converter().convert_state_dict(
-        {key: torch.tensor(i)
-         for i, key in enumerate(names)},
+        {
+            key: torch.tensor(i)
+            for i, key in enumerate(names)
+        },
         log=lambda line: None)
     return {
         port: by_upstream[names[int(tag)]]
-        for port, tag in converted.items() if tag.dim() == 0
-        and not port.endswith('num_batches_tracked')
+        for port, tag in converted.items()
+        if tag.dim() == 0 and not port.endswith('num_batches_tracked')
     }
 
 
@@ -94,10 +96,10 @@ def differences(ours: Values, theirs: Values) -> Dict[str, tuple]:
     assert set(ours) == set(theirs), sorted(set(ours) ^ set(theirs))[:10]
     return {
         name: (ours[name], theirs[name])
-        for name in ours if not (
-            math.isclose(ours[name][0], theirs[name][0], rel_tol=1e-9)
-            and math.isclose(ours[name][1], theirs[name][1], rel_tol=1e-9)
-            and ours[name][2] == theirs[name][2])
+        for name in ours
+        if not (math.isclose(ours[name][0], theirs[name][0], rel_tol=1e-9)
+                and math.isclose(ours[name][1], theirs[name][1], rel_tol=1e-9)
+                and ours[name][2] == theirs[name][2])
     }
 
 
@@ -114,8 +116,9 @@ def lr_trace(cfg: Config, record: dict) -> List[List[float]]:
     for scheduler in cfg.param_scheduler:
         scheduler = scheduler.copy()
         scheduler.setdefault(
-            'end', max_epochs
-            if scheduler.get('by_epoch', True) else max_epochs * per_epoch)
+            'end',
+            max_epochs if scheduler.get('by_epoch', True) else max_epochs *
+            per_epoch)
         schedulers.append(
             PARAM_SCHEDULERS.build(
                 scheduler,
@@ -141,8 +144,7 @@ def assert_same_lrs(lrs: List[List[float]], expected: List[List[float]]):
     for got, want in zip(lrs, expected):
         assert len(got) == len(want)
         for a, b in zip(got, want):
-            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15), (got,
-                                                                     want)
+            assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15), (got, want)
 
 
 def hook(cfg: Config, hook_type: str) -> dict:

@@ -19,7 +19,8 @@ SIZES = ('n', 's', 'm', 'l', 'x')
 CONFIGS = {
     f'projects/DEIM/configs/deim_hgnetv2_{size}_{kind}.py':
     f'configs/deim_dfine/deim_hgnetv2_{size}_coco.yml'
-    for size in SIZES for kind in ('coco', 'custom')
+    for size in SIZES
+    for kind in ('coco', 'custom')
 }
 # upstream transform class -> this port's pipeline type
 PORT_TYPES = {
@@ -34,8 +35,10 @@ PORT_TYPES = {
 
 def cases():
     for config, yml in CONFIGS.items():
-        yield pytest.param(config, upstream.recipe(upstream.DEIM, yml),
-                           id=config.rsplit('/', 1)[-1])
+        yield pytest.param(
+            config,
+            upstream.recipe(upstream.DEIM, yml),
+            id=config.rsplit('/', 1)[-1])
 
 
 @pytest.mark.parametrize('config,record', cases())
@@ -66,10 +69,13 @@ def test_data_policy_mixup_and_multiscale_are_upstreams(config, record):
         PORT_TYPES[op] for op in yaml['policy']['ops']
     ]
     assert dataset.mosaic_prob == yaml['mosaic_prob']
-    assert set(dataset.get('mosaic_excludes', ('Expand', 'RandomIoUCrop'))
-               ) == {'Expand', 'RandomIoUCrop'}
-    ops = [PORT_TYPES[op['type']] for op in yaml['ops']
-           if op['type'] in PORT_TYPES]
+    assert set(dataset.get(
+        'mosaic_excludes',
+        ('Expand', 'RandomIoUCrop'))) == {'Expand', 'RandomIoUCrop'}
+    ops = [
+        PORT_TYPES[op['type']] for op in yaml['ops']
+        if op['type'] in PORT_TYPES
+    ]
     assert [t.type for t in dataset.pipeline
             if t.type in PORT_TYPES.values()] == ops
     mosaic_op = next(op for op in yaml['ops'] if op['type'] == 'Mosaic')
@@ -123,3 +129,24 @@ def test_model_changes_and_run_settings_are_upstreams(config, record):
         yaml['optimizer']['betas'])
     assert (cfg.optim_wrapper.type == 'AmpOptimWrapper') == yaml['use_amp']
     assert bool(cfg.get('sync_bn')) == yaml['sync_bn']
+
+
+@pytest.mark.parametrize('size', ['n', 'l'])
+def test_upstream_layout_converts_and_loads_into_the_deim_config(size):
+    """Upstream's key layout (the D-FINE manifests: DEIM-D-FINE has the
+    same keys and shapes) converts for the DEIM COCO config of the same
+    size, shapes checked, and loads strictly; L's backbone norms, frozen
+    in D-FINE's layout, are trained in DEIM's and get their counters."""
+    from ..test_dfine.test_convert_dfine_checkpoint import synthetic_checkpoint
+    converter = checks._converter()
+    model = converter.reference_model(
+        checks.osp.join(checks.REPO_ROOT, 'projects', 'DEIM', 'configs',
+                        f'deim_hgnetv2_{size}_coco.py'))
+    assert type(model.bbox_head).__name__ == 'DEIMHead'
+    assert all(p.requires_grad for p in model.backbone.parameters())
+    converted = converter.convert_state_dict(
+        synthetic_checkpoint(size),
+        model.state_dict(),
+        converter.model_num_points(model),
+        log=lambda line: None)
+    model.load_state_dict(converted, strict=True)

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from mmddp_ext.testing import make_synthetic_coco
-from ...helpers import dist_train, logged_iters
+from ...helpers import dist_train
 from .deim_utils import PROJECT
 from .test_deim_head import EXPECTED_KEYS
 
@@ -55,7 +55,8 @@ def _config(root: str, model: dict = None) -> str:
         'dict(type="GradientRecordHook"), dict(type="ResumeRecordHook")]',
     ]
     if model:
-        lines.append(f'model = dict({", ".join(f"{k}={v!r}" for k, v in model.items())})')
+        items = ', '.join(f'{k}={v!r}' for k, v in model.items())
+        lines.append(f'model = dict({items})')
     with open(path, 'w') as f:
         f.write('\n'.join(lines) + '\n')
     return path
@@ -179,8 +180,11 @@ def test_half_empty_set_with_deims_policy(half_empty):
     # the policy and batch augments got each epoch on every rank
     for record in first['resume']:
         assert record['epochs'] == [
-            dict(epoch=e, dataset_epochs=[e], stages=[e + 1],
-                 augment_epochs=[e]) for e in range(EPOCHS)
+            dict(
+                epoch=e,
+                dataset_epochs=[e],
+                stages=[e + 1],
+                augment_epochs=[e]) for e in range(EPOCHS)
         ]
 
 
@@ -233,13 +237,16 @@ def test_upstream_empty_batch_behaviour_fails(tmp_path):
     run = _run(
         root,
         config,
-        _options(data, False, [
-            'train_dataloader.dataset.policy.epoch=[2,2,2]',
-            f'env_cfg.dist_cfg.timeout={CONTROL_TIMEOUT_S}',
-            # mmddp_ext's own check would stop it first, with a clear
-            # error naming the missing dn keys: off, as in upstream
-            'mmddp_ext_cfg.rank_consistency=None',
-        ]),
+        _options(
+            data,
+            False,
+            [
+                'train_dataloader.dataset.policy.epoch=[2,2,2]',
+                f'env_cfg.dist_cfg.timeout={CONTROL_TIMEOUT_S}',
+                # mmddp_ext's own check would stop it first, with a clear
+                # error naming the missing dn keys: off, as in upstream
+                'mmddp_ext_cfg.rank_consistency=None',
+            ]),
         check=False)
     output = run['output']
     assert output.returncode != 0

@@ -167,5 +167,5 @@ def test_mal_is_normalised_by_the_global_count():
         assert abs(value) < float('inf'), key
         if not key.endswith(DN_SUFFIXES):
             # local divisor 1 (0 raised to 1), global 1.5
-            assert value == pytest.approx(empty['local'][key] / 1.5,
-                                          rel=1e-5), key
+            assert value == pytest.approx(
+                empty['local'][key] / 1.5, rel=1e-5), key

@@ -149,8 +149,7 @@ def test_iou_crop_probability():
 def _samples(targets, size=(16, 16)):
     samples = []
     for target in targets:
-        sample = DetDataSample(
-            metainfo=dict(img_shape=size, pad_shape=size))
+        sample = DetDataSample(metainfo=dict(img_shape=size, pad_shape=size))
         sample.gt_instances = InstanceData(
             bboxes=torch.tensor(target['boxes']).reshape(-1, 4),
             labels=torch.tensor(target['labels'], dtype=torch.int64))
@@ -192,8 +191,10 @@ def test_mixup_window_and_multiscale_stop():
             mixup_epochs=[2, 4],
             scales=[32, 48],
             stop_epoch=5))
-    targets = [dict(boxes=[[1., 1., 4., 4.]], labels=[0]),
-               dict(boxes=[], labels=[])]
+    targets = [
+        dict(boxes=[[1., 1., 4., 4.]], labels=[0]),
+        dict(boxes=[], labels=[])
+    ]
     counts = {}
     sizes = {}
     for epoch in range(7):

@@ -70,8 +70,8 @@ def build(yaml: dict, **policy_overrides):
     from mmdet.registry import DATASETS
     stand_ins = _stand_ins()
     ops = [
-        PORT_TYPES[op['type']] for op in yaml['ops']
-        if op['type'] in PORT_TYPES
+        PORT_TYPES[op['type']]
+        for op in yaml['ops'] if op['type'] in PORT_TYPES
     ] + ['RandomFlip']
     policy = dict(
         yaml['policy'],
@@ -86,15 +86,14 @@ def build(yaml: dict, **policy_overrides):
             policy=policy,
             mosaic_prob=-0.1 if mosaic_prob is None else mosaic_prob,
             mosaic_type=stand_ins['DEIMMosaic'],
-            mosaic_excludes=(stand_ins['Expand'],
-                             stand_ins['RandomIoUCrop'])))
+            mosaic_excludes=(stand_ins['Expand'], stand_ins['RandomIoUCrop'])))
 
 
 def port_sequences(row_sequences):
     """Upstream's op sequences as this port's policy-op sequences."""
     return sorted({
-        tuple(PORT_TYPES[op] for op in seq if op in PORT_TYPES) +
-        ('RandomFlip', )
+        tuple(PORT_TYPES[op]
+              for op in seq if op in PORT_TYPES) + ('RandomFlip', )
         for seq in row_sequences
     })
 
@@ -127,8 +126,9 @@ def test_set_epoch_reports_stage_changes():
                              'configs/deim_dfine/deim_hgnetv2_l_coco.yml')
     dataset = build(record['yaml'])
     first, second, last = record['yaml']['policy']['epoch']
-    changes = [e for e in range(record['yaml']['epochs'])
-               if dataset.set_epoch(e)]
+    changes = [
+        e for e in range(record['yaml']['epochs']) if dataset.set_epoch(e)
+    ]
     assert changes == [first, second, last]
     # a resumed run's first set_epoch already changes the stage
     resumed = build(record['yaml'])

@@ -52,7 +52,8 @@ def trace(scheduler_cfgs, record: dict):
     per_epoch = record['lr_trace']['iters_per_epoch']
     schedulers = [
         PARAM_SCHEDULERS.build(
-            cfg, default_args=dict(optimizer=optimizer, epoch_length=per_epoch))
+            cfg,
+            default_args=dict(optimizer=optimizer, epoch_length=per_epoch))
         for cfg in scheduler_cfgs
     ]
     points = set(record['lr_trace']['iters'])

@@ -53,10 +53,12 @@ def _pipeline():
     stand_ins = _stand_ins()
     if TRANSFORMS.get('PolicyPackRan') is None:
         TRANSFORMS.register_module(name='PolicyPackRan', module=PackRan)
-    ops = ['DEIMMosaic', 'PhotoMetricDistortion', 'Expand', 'RandomIoUCrop',
-           'RandomFlip']
-    return stand_ins, [dict(type=stand_ins[op]) for op in ops
-                       ] + [dict(type='PolicyPackRan')]
+    ops = [
+        'DEIMMosaic', 'PhotoMetricDistortion', 'Expand', 'RandomIoUCrop',
+        'RandomFlip'
+    ]
+    return stand_ins, [dict(type=stand_ins[op])
+                       for op in ops] + [dict(type='PolicyPackRan')]
 
 
 def train(work_dir, epochs, hooks, resume=None, persistent=True):
@@ -80,9 +82,9 @@ def train(work_dir, epochs, hooks, resume=None, persistent=True):
                 policy=dict(
                     epoch=[1, 2, 3],
                     ops=[
-                        stand_ins[op] for op in ('DEIMMosaic',
-                                                 'PhotoMetricDistortion',
-                                                 'Expand', 'RandomIoUCrop')
+                        stand_ins[op]
+                        for op in ('DEIMMosaic', 'PhotoMetricDistortion',
+                                   'Expand', 'RandomIoUCrop')
                     ]),
                 mosaic_prob=0.5,
                 mosaic_type=stand_ins['DEIMMosaic'],
@@ -102,9 +104,15 @@ def train(work_dir, epochs, hooks, resume=None, persistent=True):
         experiment_name=f'policy_{work_dir.name}_{epochs}')
     del SEEN[:]
     runner.train()
-    return {epoch: {ops for _, batch in [(e, b) for e, b in SEEN if e == epoch]
-                    for ops in batch}
-            for epoch in {e for e, _ in SEEN}}
+    return {
+        epoch: {
+            ops
+            for _, batch in [(e, b) for e, b in SEEN if e == epoch]
+            for ops in batch
+        }
+        for epoch in {e
+                      for e, _ in SEEN}
+    }
 
 
 @pytest.fixture(scope='module')
@@ -128,7 +136,8 @@ def test_resumed_run_keeps_the_policy_epoch(fresh, tmp_path_factory):
     epoch index 2 with its policy, in fresh workers."""
     _, first = fresh
     resumed = train(
-        tmp_path_factory.mktemp('resumed'), 3, [dict(type='SetEpochHook')],
+        tmp_path_factory.mktemp('resumed'),
+        3, [dict(type='SetEpochHook')],
         resume=str(first / 'epoch_2.pth'))
     assert set(resumed) == {2}
     assert resumed[2] == STAGE_OPS[2]
@@ -142,8 +151,7 @@ def test_without_the_hook_workers_never_leave_stage_0(tmp_path):
     assert seen == {0: STAGE_OPS[0], 1: STAGE_OPS[0]}
 
 
-def test_without_the_restart_persistent_workers_keep_their_epoch(
-        tmp_path):
+def test_without_the_restart_persistent_workers_keep_their_epoch(tmp_path):
     """Negative control: ``SetEpochHook`` without the worker restart. The
     epoch set in the main process does not reach persistent workers
     started earlier; they run stage 0 for the whole run."""

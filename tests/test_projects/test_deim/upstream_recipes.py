@@ -7,8 +7,8 @@ import json
 import os.path as osp
 from typing import Dict, List
 
-DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data',
-                'upstream_recipes.json')
+DATA = osp.join(
+    osp.dirname(osp.abspath(__file__)), 'data', 'upstream_recipes.json')
 DFINE = 'D-FINE'
 DEIM = 'DEIM'
 
@@ -30,8 +30,7 @@ def configs(repository: str) -> Dict[str, dict]:
     prefix = f'{repository}/'
     return {
         key[len(prefix):]: value
-        for key, value in load()['configs'].items()
-        if key.startswith(prefix)
+        for key, value in load()['configs'].items() if key.startswith(prefix)
     }
 
 

@@ -24,8 +24,10 @@ POLICY_TYPES = {'PhotoMetricDistortion', 'Expand', 'MinIoURandomCrop'}
 
 def cases():
     for config, yml in CONFIGS.items():
-        yield pytest.param(config, upstream.recipe(upstream.DFINE, yml),
-                           id=config.rsplit('/', 1)[-1])
+        yield pytest.param(
+            config,
+            upstream.recipe(upstream.DFINE, yml),
+            id=config.rsplit('/', 1)[-1])
 
 
 @pytest.mark.parametrize('config,record', cases())
@@ -51,8 +53,7 @@ def test_lr_of_every_group_follows_upstreams_schedule(config, record):
 
 
 @pytest.mark.parametrize('config,record', cases())
-def test_ema_policy_multiscale_and_run_settings_are_upstreams(
-        config, record):
+def test_ema_policy_multiscale_and_run_settings_are_upstreams(config, record):
     cfg = checks.load_config(config)
     yaml = record['yaml']
     checks.assert_upstream_ema(cfg, yaml)
@@ -60,9 +61,10 @@ def test_ema_policy_multiscale_and_run_settings_are_upstreams(
     # the transforms policy and the collate's multi-scale stop together
     assert stop['switch_epoch'] == yaml['policy']['epoch'] == (
         record['collate']['stop_epoch'])
-    assert {op for op in yaml['policy']['ops']} == {
-        'RandomPhotometricDistort', 'RandomZoomOut', 'RandomIoUCrop'
-    }
+    assert {op
+            for op in yaml['policy']['ops']} == {
+                'RandomPhotometricDistort', 'RandomZoomOut', 'RandomIoUCrop'
+            }
     train_types = {t['type'] for t in cfg.train_pipeline}
     no_aug_types = {t['type'] for t in stop['switch_pipeline']}
     assert POLICY_TYPES <= train_types | {'MinIoURandomCrop'}
@@ -93,8 +95,8 @@ def test_port_names_miss_upstreams_regexes():
         ours,
         checks.upstream_values(
             upstream.recipe(upstream.DFINE, CONFIGS[config])))
-    assert {name.split('.')[0] for name in diff} == {
-        'neck', 'bbox_head', 'query_pos_head', 'enc_output'
-    }
+    assert {name.split('.')[0]
+            for name in diff
+            } == {'neck', 'bbox_head', 'query_pos_head', 'enc_output'}
     assert all(ours_[1] == 1e-4 and theirs[1] == 0.
                for ours_, theirs in diff.values())

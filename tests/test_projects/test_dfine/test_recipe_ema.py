@@ -146,12 +146,15 @@ class Recorder(Hook):
         self.start = {k: v.clone() for k, v in model.state_dict().items()}
         self.ema_at_start = self._ema(runner)
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None):
-        self.after.append((
-            {k: v.clone()
-             for k, v in runner.model.state_dict().items()},
-            self._ema(runner)))
+        self.after.append(({
+            k: v.clone()
+            for k, v in runner.model.state_dict().items()
+        }, self._ema(runner)))
 
     @staticmethod
     def _ema(runner):
@@ -220,8 +223,8 @@ def test_plain_ema_hook_starts_from_the_model_before_init(tmp_path):
     first update, as upstream) the average keeps part of the random
     weights the model was built with."""
     import_project()
-    recorder = train(tmp_path, dict(type='EMAHook', ema_type='ModelEMA',
-                                    **EMA))
+    recorder = train(tmp_path,
+                     dict(type='EMAHook', ema_type='ModelEMA', **EMA))
     ema_after, _ = recorder.after[0][1]
     expected = first_update_expected(recorder)
     assert not torch.allclose(
@@ -281,7 +284,9 @@ def test_resume_keeps_the_average(tmp_path):
     control = tmp_path / 'control'
     control.mkdir()
     recorder = train(
-        control, dict(type=_copy_always_hook(), **EMA), iters=3,
+        control,
+        dict(type=_copy_always_hook(), **EMA),
+        iters=3,
         resume=checkpoint)
     ema_start, _ = recorder.ema_at_start
     assert torch.equal(ema_start['linear.weight'],

@@ -99,11 +99,10 @@ CONFIGS = ([('D-FINE', f'configs/dfine/dfine_hgnetv2_{s}_coco.yml')
            [('D-FINE', f'configs/dfine/custom/dfine_hgnetv2_{s}_custom.yml')
             for s in SIZES] +
            [('DEIM', f'configs/deim_dfine/deim_hgnetv2_{s}_coco.yml')
-            for s in SIZES] + [
-                ('DEIM', f'configs/deim_rtdetrv2/deim_{name}_coco.yml')
-                for name in ('r18vd_120e', 'r34vd_120e', 'r50vd_m_60e',
-                             'r50vd_60e', 'r101vd_60e')
-            ])
+            for s in SIZES] +
+           [('DEIM', f'configs/deim_rtdetrv2/deim_{name}_coco.yml')
+            for name in ('r18vd_120e', 'r34vd_120e', 'r50vd_m_60e',
+                         'r50vd_60e', 'r101vd_60e')])
 #: Package name and the modules imported from it, per repository.
 TREES = {
     'D-FINE':
@@ -125,8 +124,14 @@ TREES = {
                  'data.transforms.container', 'data.transforms.mosaic',
                  'deim.deim_criterion')),
 }
-PRETRAINED_OFF = {'HGNetv2': {'pretrained': False},
-                  'PResNet': {'pretrained': False}}
+PRETRAINED_OFF = {
+    'HGNetv2': {
+        'pretrained': False
+    },
+    'PResNet': {
+        'pretrained': False
+    }
+}
 LR_TRACE_ITERS_PER_EPOCH = 50
 POLICY_DRAWS = 400
 POLICY_SEED = 0
@@ -134,8 +139,11 @@ POLICY_SEED = 0
 POLICY_OP_NAMES = ('Mosaic', 'RandomPhotometricDistort', 'RandomZoomOut',
                    'RandomIoUCrop')
 #: A toy module's weights follow ``base + step * slope`` at every update.
-EMA_TOY = dict(updates=[1, 2, 3, 10, 100, 1000, 2000, 5000], steps=3,
-               base=0.5, slope=0.25)
+EMA_TOY = dict(
+    updates=[1, 2, 3, 10, 100, 1000, 2000, 5000],
+    steps=3,
+    base=0.5,
+    slope=0.25)
 #: Four images (height, width) whose shorter side is already the mosaic's
 #: ``output_size`` (so the resizes are exact copies in PIL and in cv2),
 #: with xyxy boxes, the seeds and the mosaic settings.
@@ -162,8 +170,9 @@ MAL_INPUTS = dict(
                 [[0.5, 0.5, 0.5, 0.5], [0.1, 0.1, 0.1, 0.1],
                  [0.6, 0.6, 0.2, 0.3], [0.4, 0.3, 0.2, 0.2]]],
     targets=[
-        dict(boxes=[[0.32, 0.28, 0.2, 0.25], [0.5, 0.52, 0.35, 0.3]],
-             labels=[2, 0]),
+        dict(
+            boxes=[[0.32, 0.28, 0.2, 0.25], [0.5, 0.52, 0.35, 0.3]],
+            labels=[2, 0]),
         dict(boxes=[[0.6, 0.62, 0.25, 0.3]], labels=[1]),
     ],
     indices=[[[0, 1], [0, 1]], [[2], [0]]])
@@ -176,8 +185,10 @@ MIXUP_INPUTS = dict(
     targets=[
         dict(boxes=[[0.5, 0.5, 0.2, 0.4]], labels=[1], area=[8.0]),
         dict(boxes=[], labels=[], area=[]),
-        dict(boxes=[[0.3, 0.6, 0.2, 0.2], [0.7, 0.2, 0.4, 0.2]],
-             labels=[0, 2], area=[4.0, 8.0]),
+        dict(
+            boxes=[[0.3, 0.6, 0.2, 0.2], [0.7, 0.2, 0.4, 0.2]],
+            labels=[0, 2],
+            area=[4.0, 8.0]),
     ])
 
 
@@ -234,9 +245,10 @@ def load_tree(repository: str, root: str) -> types.SimpleNamespace:
             core.create = loaded[module].create
             core.GLOBAL_CONFIG = loaded[module].GLOBAL_CONFIG
     sys.path.remove(root)
-    return types.SimpleNamespace(
-        **{m.split('.')[-1]: v
-           for m, v in loaded.items()})
+    return types.SimpleNamespace(**{
+        m.split('.')[-1]: v
+        for m, v in loaded.items()
+    })
 
 
 def _get(cfg: dict, *keys, default=None):
@@ -287,10 +299,7 @@ def param_groups(up: types.SimpleNamespace, yml: str) -> List[dict]:
     """Upstream's optimizer groups for ``yml`` (see the module doc)."""
     cfg = up.yaml_config.YAMLConfig(yml, **PRETRAINED_OFF)
     optimizer = cfg.optimizer
-    names = {
-        id(param): name
-        for name, param in cfg.model.named_parameters()
-    }
+    names = {id(param): name for name, param in cfg.model.named_parameters()}
     return [
         dict(
             lr=group['lr'],
@@ -440,8 +449,8 @@ def build_collate(up: types.SimpleNamespace, cfg: dict) -> dict:
         return dict(error=f'{type(error).__name__}: {error}')
     return {
         key: getattr(collate, key, None)
-        for key in ('scales', 'stop_epoch', 'ema_restart_decay',
-                    'mixup_prob', 'mixup_epochs')
+        for key in ('scales', 'stop_epoch', 'ema_restart_decay', 'mixup_prob',
+                    'mixup_epochs')
     }
 
 
@@ -485,20 +494,24 @@ def mixup_example(up: types.SimpleNamespace) -> dict:
         mixup_prob=1.0, mixup_epochs=MIXUP_INPUTS['mixup_epochs'])
     collate.set_epoch(MIXUP_INPUTS['epoch'])
     items = []
-    for image, target in zip(MIXUP_INPUTS['images'],
-                             MIXUP_INPUTS['targets']):
+    for image, target in zip(MIXUP_INPUTS['images'], MIXUP_INPUTS['targets']):
         items.append((torch.tensor(image), {
-            'boxes': torch.tensor(target['boxes']).reshape(-1, 4),
-            'labels': torch.tensor(target['labels'], dtype=torch.int64),
-            'area': torch.tensor(target['area']),
+            'boxes':
+            torch.tensor(target['boxes']).reshape(-1, 4),
+            'labels':
+            torch.tensor(target['labels'], dtype=torch.int64),
+            'area':
+            torch.tensor(target['area']),
         }))
     random.seed(MIXUP_INPUTS['seed'])
     images, targets = collate(items)
     return dict(
         inputs=MIXUP_INPUTS,
         images=images.tolist(),
-        targets=[{k: v.tolist()
-                  for k, v in t.items()} for t in targets])
+        targets=[{
+            k: v.tolist()
+            for k, v in t.items()
+        } for t in targets])
 
 
 def mosaic_example(up: types.SimpleNamespace) -> dict:
@@ -587,8 +600,7 @@ def mal_example(up: types.SimpleNamespace) -> dict:
     ``gamma`` and ``mal_alpha``."""
     import torch
     generator = torch.Generator().manual_seed(MAL_INPUTS['seed'])
-    logits = torch.randn(2, 4, MAL_INPUTS['num_classes'],
-                         generator=generator)
+    logits = torch.randn(2, 4, MAL_INPUTS['num_classes'], generator=generator)
     outputs = dict(
         pred_logits=logits, pred_boxes=torch.tensor(MAL_INPUTS['pred_boxes']))
     targets = [
@@ -668,8 +680,10 @@ def dumps(obj, depth: int = 0) -> str:
     which stay on one line."""
     pad, inner = ' ' * depth, ' ' * (depth + 1)
     if isinstance(obj, dict) and obj:
-        items = [f'{inner}{json.dumps(str(k))}: {dumps(v, depth + 1)}'
-                 for k, v in obj.items()]
+        items = [
+            f'{inner}{json.dumps(str(k))}: {dumps(v, depth + 1)}'
+            for k, v in obj.items()
+        ]
         return '{\n' + ',\n'.join(items) + '\n' + pad + '}'
     if isinstance(obj, list) and any(isinstance(v, (dict, list)) for v in obj):
         items = [inner + dumps(v, depth + 1) for v in obj]
