@@ -2,6 +2,7 @@
 from typing import Optional, Union
 
 import torch.nn.functional as F
+from mmdet.models.losses.utils import weight_reduce_loss
 from mmdet.registry import MODELS
 from torch import Tensor
 
@@ -29,7 +30,9 @@ class MatchabilityAwareLoss(RTDETRVarifocalLoss):
     makes the loss NaN, which mmddp_ext's all-ranks check then skips on
     every rank (upstream replaces every NaN loss by 0 with
     ``nan_to_num`` and trains on). An empty ``pred`` gives ``pred.sum()``
-    (0, in the graph); ``avg_factor`` is raised to ``min_avg_factor``.
+    (0, in the graph); ``avg_factor`` is raised to ``min_avg_factor``, and
+    mmdet's ``weight_reduce_loss`` reduces (it adds float32's eps to the
+    divisor: 1e-7 relative).
 
     Args:
         alpha (float): Weight of the negatives (upstream ``mal_alpha``).
@@ -78,17 +81,10 @@ class MatchabilityAwareLoss(RTDETRVarifocalLoss):
         loss = F.binary_cross_entropy_with_logits(
             pred, target.type_as(pred).pow(self.gamma),
             reduction='none') * loss_weight
-        if weight is not None:
-            loss = loss * weight
-        if reduction == 'none':
-            return self.loss_weight * loss
-        loss = loss.sum()
-        if reduction == 'mean':
-            if avg_factor is None:
-                avg_factor = pred.numel()
-            elif isinstance(avg_factor, Tensor):
-                avg_factor = avg_factor.clamp(min=self.min_avg_factor)
-            else:
-                avg_factor = max(avg_factor, self.min_avg_factor)
-            loss = loss / avg_factor
-        return self.loss_weight * loss
+        if avg_factor is not None and reduction == 'mean':
+            avg_factor = (
+                avg_factor.clamp(
+                    min=self.min_avg_factor) if isinstance(avg_factor, Tensor)
+                else max(avg_factor, self.min_avg_factor))
+        return self.loss_weight * weight_reduce_loss(loss, weight, reduction,
+                                                     avg_factor)

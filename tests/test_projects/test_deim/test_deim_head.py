@@ -16,22 +16,17 @@ from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_overlaps
 
 from mmddp_ext.testing import run_on_ranks
 from ...test_models.dino_utils import NO_NOISE, loss_values, raw_batch
+from ..test_dfine.dfine_utils import EXPECTED_KEYS as DFINE_KEYS
+from ..test_dfine.test_dfine_head import DN_SUFFIXES, _losses
 from . import upstream_recipes as upstream
 from .deim_utils import import_deim
 
-DN_SUFFIXES = ('_dn_0', '_dn_1', '_dn_2', '_dn_pre')
 # Every term upstream DEIM computes for a 3-layer decoder: D-FINE's, with
 # MAL for VFL and no DDF on the last dn layer.
 EXPECTED_KEYS = {
-    f'loss_{term}{suffix}'
-    for suffix in ('', '_aux_0', '_aux_1', '_pre', '_enc_0', '_dn_0', '_dn_1',
-                   '_dn_2', '_dn_pre')
-    for term in ('mal', 'bbox', 'giou')
-} | {
-    f'loss_fgl{suffix}'
-    for suffix in ('', '_aux_0', '_aux_1', '_dn_0', '_dn_1', '_dn_2')
-} | {f'loss_ddf{suffix}'
-     for suffix in ('_aux_0', '_aux_1', '_dn_0', '_dn_1')}
+    key.replace('loss_vfl', 'loss_mal')
+    for key in DFINE_KEYS if key != 'loss_ddf_dn_2'
+}
 
 
 def _mal_inputs(example):
@@ -94,12 +89,6 @@ def _tiny_deim(deterministic: bool = False):
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
                 module.eval()
     return model
-
-
-def _losses(model, gt_counts, first_index=0):
-    data = model.data_preprocessor(
-        raw_batch(gt_counts, first_index=first_index), training=True)
-    return model(**data, mode='loss')
 
 
 def test_batch_without_gt():
