@@ -8,6 +8,7 @@ on).
 from .collate_batch_augment import CollateBatchAugment
 from .deim_head import DEIMHead
 from .deim_mosaic import DEIMMosaic
+from .deim_rtdetr import DEIMRTDETR, DEIMRTDETRDecoderLayer
 from .epoch_policy_dataset import EpochPolicyDataset
 from .flat_cosine_lr import FlatCosineLR, FlatCosineParamScheduler
 from .matchability_aware_loss import MatchabilityAwareLoss
@@ -15,7 +16,8 @@ from .random_iou_crop import RandomIoUCrop
 from .set_epoch_hook import SetEpochHook
 
 __all__ = [
-    'CollateBatchAugment', 'DEIMHead', 'DEIMMosaic', 'EpochPolicyDataset',
-    'FlatCosineLR', 'FlatCosineParamScheduler', 'MatchabilityAwareLoss',
-    'RandomIoUCrop', 'SetEpochHook'
+    'CollateBatchAugment', 'DEIMHead', 'DEIMMosaic', 'DEIMRTDETR',
+    'DEIMRTDETRDecoderLayer', 'EpochPolicyDataset', 'FlatCosineLR',
+    'FlatCosineParamScheduler', 'MatchabilityAwareLoss', 'RandomIoUCrop',
+    'SetEpochHook'
 ]

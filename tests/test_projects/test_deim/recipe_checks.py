@@ -7,6 +7,7 @@ port's names: upstream's names go through
 through; the configs' optimizer constructor uses its own inverse table
 (``dfine_upstream_param_names``), so a mistake in either shows.
 """
+import copy
 import importlib.util
 import math
 import os.path as osp
@@ -22,10 +23,11 @@ Values = Dict[str, Tuple[float, float, Tuple[float, float]]]
 TRACE_ITERS_PER_EPOCH = 50
 
 
-def _converter():
+def _converter(name: str = 'dfine'):
+    """``tools/convert_{name}_checkpoint.py`` as a module."""
+    module_name = f'convert_{name}_checkpoint'
     spec = importlib.util.spec_from_file_location(
-        'convert_dfine_checkpoint',
-        osp.join(REPO_ROOT, 'tools', 'convert_dfine_checkpoint.py'))
+        module_name, osp.join(REPO_ROOT, 'tools', f'{module_name}.py'))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -37,12 +39,13 @@ def load_config(path: str) -> Config:
 
 
 def build_meta_model(cfg: Config):
-    """The config's model with shapes only (no memory, no init)."""
+    """The config's model with shapes only (no memory, no init); the
+    config is not changed (mmdet's DINO writes into ``dn_cfg``)."""
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
     init_default_scope('mmdet')
     with torch.device('meta'):
-        return MODELS.build(cfg.model)
+        return MODELS.build(copy.deepcopy(cfg.model))
 
 
 def build_optimizer(cfg: Config, model, **overrides):
@@ -70,24 +73,51 @@ def port_values(cfg: Config, **overrides) -> Values:
     }
 
 
-def upstream_values(record: dict) -> Values:
-    """Upstream's (lr, weight decay, betas) by the port's name."""
-    by_upstream = {
-        name: (group['lr'], group['weight_decay'], tuple(group['betas']))
-        for group in upstream.param_groups(record)
-        for name in group['params']
-    }
-    names = list(by_upstream)
-    converted = _converter().convert_state_dict(
+def _by_port_name(record: dict, converter: str, values: dict) -> dict:
+    """``values`` (by upstream name) by the port's name, through the
+    converter official checkpoints load through."""
+    names = list(values)
+    converted = _converter(converter).convert_state_dict(
         {
             key: torch.tensor(i)
             for i, key in enumerate(names)
         },
         log=lambda line: None)
     return {
-        port: by_upstream[names[int(tag)]]
+        port: values[names[int(tag)]]
         for port, tag in converted.items()
         if tag.dim() == 0 and not port.endswith('num_batches_tracked')
+    }
+
+
+def upstream_values(record: dict, converter: str = 'dfine') -> Values:
+    """Upstream's (lr, weight decay, betas) by the port's name."""
+    return _by_port_name(
+        record, converter, {
+            name: (group['lr'], group['weight_decay'], tuple(group['betas']))
+            for group in upstream.param_groups(record)
+            for name in group['params']
+        })
+
+
+def upstream_shapes(record: dict, converter: str = 'dfine') -> dict:
+    """Upstream's trainable parameters' shapes by the port's name."""
+    data = upstream.load()
+    table = record['param_names']
+    return _by_port_name(
+        record, converter, {
+            name: tuple(shape)
+            for name, shape in zip(data['parameters'][table],
+                                   data['parameter_shapes'][table])
+        })
+
+
+def port_shapes(cfg: Config) -> dict:
+    """The config's trainable parameters' shapes, by name."""
+    return {
+        name: tuple(param.shape)
+        for name, param in build_meta_model(cfg).named_parameters()
+        if param.requires_grad
     }
 
 

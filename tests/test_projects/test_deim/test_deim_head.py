@@ -158,3 +158,45 @@ def test_mal_is_normalised_by_the_global_count():
             # local divisor 1 (0 raised to 1), global 1.5
             assert value == pytest.approx(
                 empty['local'][key] / 1.5, rel=1e-5), key
+
+
+def _tiny_deim_rtdetr():
+    from mmengine.config import Config
+
+    from ...test_models.dino_utils import build_model
+    from ..test_rtdetr.rtdetr_utils import TINY_MODEL_CFG
+    import_deim()
+    cfg = Config.fromfile(TINY_MODEL_CFG)
+    cfg.merge_from_dict(
+        dict(
+            model=dict(
+                type='DEIMRTDETR',
+                mlp_act='silu',
+                query_pos_method='as_reg',
+                decoder=dict(layer_cfg=dict(activation='silu')),
+                bbox_head=dict(
+                    loss_cls=dict(
+                        _delete_=True,
+                        type='MatchabilityAwareLoss',
+                        gamma=1.5,
+                        loss_weight=1.0)))))
+    return build_model(cfg.model)
+
+
+def test_deim_rtdetrv2_batch_without_gt():
+    """DEIM on the RT-DETR port (SiLU, 'as_reg' position head, MAL): an
+    all-empty batch gives the loss keys of a batch with GT, all finite,
+    and every parameter in the graph (the port's DDP-safe denoising)."""
+    model = _tiny_deim_rtdetr()
+    assert isinstance(model.decoder.layers[0].activation, torch.nn.SiLU)
+    assert len(model.query_pos_head.layers) == 3
+    assert not any(
+        isinstance(m, torch.nn.ReLU) for m in model.bbox_head.modules())
+    keys = set(_losses(model, [2, 1]))
+    losses = _losses(model, [0, 0])
+    assert set(losses) == keys
+    values = loss_values(losses)
+    assert all(abs(v) < float('inf') for v in values.values()), values
+    total, _ = model.parse_losses(losses)
+    total.backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []

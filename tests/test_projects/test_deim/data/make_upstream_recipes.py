@@ -31,7 +31,8 @@ records, with the repository, commit and YAML file:
   (``get_optim_params`` on upstream's own model, ``create``-d from the
   YAML with ``pretrained: False``), in the optimizer's order, with its
   trainable parameters as indices into ``parameters[param_names]`` (the
-  sorted upstream names, stored once per distinct list);
+  sorted upstream names, stored once per distinct list, their shapes in
+  ``parameter_shapes``);
 - ``collate``: upstream's ``BatchImageCollateFunction`` built from the
   YAML as its ``DataLoader`` builds it: the multi-scale ``scales`` (null:
   one size), ``stop_epoch``, ``ema_restart_decay``, ``mixup_prob`` and
@@ -305,7 +306,8 @@ def param_groups(up: types.SimpleNamespace, yml: str) -> List[dict]:
             lr=group['lr'],
             weight_decay=group['weight_decay'],
             betas=list(group['betas']),
-            params=[names[id(p)] for p in group['params']])
+            params=[names[id(p)] for p in group['params']],
+            shapes=[list(p.shape) for p in group['params']])
         for group in optimizer.param_groups
     ]
 
@@ -657,22 +659,32 @@ def per_repository(repository: str, root: str, ema_values: set) -> dict:
 
 
 def _share_parameter_names(data: dict) -> None:
-    """Store each distinct list of trainable parameter names once, under
-    ``parameters``; a config's groups then hold indices into its list
-    (``param_names``: the key of that list)."""
+    """Store each distinct list of trainable parameter names (and their
+    shapes) once, under ``parameters`` (``parameter_shapes``); a config's
+    groups then hold indices into its list (``param_names``: the key of
+    that list)."""
     tables: Dict[str, List[str]] = {}
+    shapes: Dict[str, List[List[int]]] = {}
     for key, record in data['configs'].items():
-        names = [n for g in record['param_groups'] for n in g['params']]
-        ordered = sorted(names)
-        table = next((k for k, v in tables.items() if v == ordered), None)
+        shape_of = {
+            name: shape
+            for g in record['param_groups']
+            for name, shape in zip(g['params'], g.pop('shapes'))
+        }
+        ordered = sorted(shape_of)
+        ordered_shapes = [shape_of[name] for name in ordered]
+        table = next((k for k, v in tables.items()
+                      if v == ordered and shapes[k] == ordered_shapes), None)
         if table is None:
             table = key
             tables[key] = ordered
+            shapes[key] = ordered_shapes
         index = {name: i for i, name in enumerate(tables[table])}
         record['param_names'] = table
         for group in record['param_groups']:
             group['params'] = [index[name] for name in group['params']]
     data['parameters'] = tables
+    data['parameter_shapes'] = shapes
 
 
 def dumps(obj, depth: int = 0) -> str:
