@@ -33,6 +33,8 @@ EXT_CFG_DEFAULTS = dict(
     finite_predictions=True,
     rank_consistency=None,
 )
+# AmpOptimWrapper keys a plain OptimWrapper does not take.
+AMP_ONLY_KEYS = ('loss_scale', 'dtype', 'use_fsdp')
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
 
 
@@ -58,6 +60,11 @@ class ExtRunner(Runner):
       ``mmddp_ext_cfg.auto_ddp`` is on. ``sync_bn`` is skipped, with a
       warning, on CPU ranks: torch's ``SyncBatchNorm`` runs on GPUs only,
       so stock converts the model and its first forward raises.
+    - ``build_optim_wrapper``: an ``AmpOptimWrapper`` becomes a plain
+      ``OptimWrapper``, with a warning, when no accelerator is there (CPU
+      ranks, a laptop): MMEngine's AMP wrapper refuses to start on CPU, so
+      a GPU recipe with AMP (RT-DETRv2, D-FINE, DEIM) could not be tried
+      or debugged there. It applies again on GPUs.
     - ``__init__``: before anything is built, checks every ``num_classes``
       in the model config against the classes of each dataloader's dataset
       (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`);
@@ -235,6 +242,25 @@ class ExtRunner(Runner):
             model_wrapper_cfg.setdefault(
                 'device_ids', None if device is None else [device.index])
         return super().wrap_model(model_wrapper_cfg, model)
+
+    def build_optim_wrapper(self, optim_wrapper):
+        """``Runner.build_optim_wrapper``, with AMP dropped on CPU (see the
+        class doc); a built wrapper or a config for another type is passed
+        on unchanged."""
+        if (isinstance(optim_wrapper, dict)
+                and optim_wrapper.get('type') == 'AmpOptimWrapper'
+                and get_device() == 'cpu'):
+            print_log(
+                'ExtRunner: optim_wrapper AmpOptimWrapper runs as a plain '
+                'OptimWrapper (fp32): MMEngine\'s AMP needs a GPU (or NPU, '
+                'MLU, MUSA) and none is here. It applies again on GPUs.',
+                logger='current',
+                level=logging.WARNING)
+            optim_wrapper = copy.deepcopy(dict(optim_wrapper))
+            optim_wrapper['type'] = 'OptimWrapper'
+            for key in AMP_ONLY_KEYS:
+                optim_wrapper.pop(key, None)
+        return super().build_optim_wrapper(optim_wrapper)
 
     def register_hooks(
             self,
