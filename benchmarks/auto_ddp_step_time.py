@@ -65,7 +65,7 @@ def _interleaved_run(work_dir, data_root, iters):
 
     def switched_watch(loss, callback):
         # The probe step always runs AutoDDP's own code.
-        if model._ddp_built and modes[-1] == 'hand':
+        if model.ddp_built and modes[-1] == 'hand':
             return None
         return watch(loss, callback)
 
@@ -82,7 +82,7 @@ def _interleaved_run(work_dir, data_root, iters):
             mode = same_batch_mode(runner.iter, MODES)
             for param, hooks in zip(params, ours):
                 param._post_accumulate_grad_hooks.clear()
-                if mode == 'auto' or not model._ddp_built:
+                if mode == 'auto' or not model.ddp_built:
                     param._post_accumulate_grad_hooks.update(hooks)
             modes.append(mode)
 

@@ -1,11 +1,13 @@
-"""Step time with RankConsistencyHook's work on vs off, side by side.
+"""Step time with RankConsistencyHook's and NonFiniteSkipHook's work on vs
+off, side by side.
 
     python benchmarks/rank_consistency_overhead.py [--groups 12]
                                                    [--repeats 2]
 
 Runs tiny DINO training on 2 gloo ranks (CPU) with RankConsistencyHook
-registered and switches, step by step, what the hook does:
-  off      nothing (its wrappers still run: a few microseconds)
+and NonFiniteSkipHook registered and switches, step by step, what the
+hooks do:
+  off      nothing (their wrappers still run: a few microseconds)
   every    the consistency check and the non-finite flag all-reduce in
            every iteration (check_every=1)
   default  the default schedule after its first 10 iterations: the flag
@@ -18,7 +20,7 @@ load drift of a shared machine and the step time's dependence on the
 batch (its boxes set the denoising queries).
 Prints the step-time ratio of each mode to off (median over the
 batches, after --warmup-groups, with a 90 % bootstrap interval) and the
-median time rank 0 spent inside the hook per step (fingerprint check,
+median time rank 0 spent inside the hooks per step (fingerprint check,
 flag all-reduce, its wait at the step): wall time, which includes waiting
 for the slower rank at a check (time DDP's all-reduce would otherwise
 wait), and this thread's CPU time, the hook's own work.
@@ -27,25 +29,27 @@ import argparse
 import time
 
 from _common import (REPO_ROOT, TIMED_RUN_OVERRIDES, StepTimer,  # noqa
-                     make_dataset, median,
-                     mode_medians, register_same_batch_sampler,
-                     same_batch_mode,
+                     make_dataset, median, mode_medians,
+                     register_same_batch_sampler, same_batch_mode,
                      same_batch_overrides, same_batch_ratios)
 
+# mode: (RankConsistencyHook settings, NonFiniteSkipHook on)
 MODES = {
-    'off': dict(check_first=0, check_every=10**9, skip_nonfinite=False),
-    'every': dict(check_first=0, check_every=1, skip_nonfinite=True),
-    'default': dict(check_first=0, check_every=50, skip_nonfinite=True),
+    'off': (dict(check_first=0, check_every=10**9), False),
+    'every': (dict(check_first=0, check_every=1), True),
+    'default': (dict(check_first=0, check_every=50), True),
 }
 GROUP = 2 * len(MODES)  # steps per batch
-TIMED_METHODS = ('_check_fingerprints', '_reduce_nonfinite_flags',
-                 '_nonfinite_ranks')
+TIMED_METHODS = {
+    'RankConsistencyHook': ('_check_fingerprints', ),
+    'NonFiniteSkipHook': ('_reduce_nonfinite_flags', '_nonfinite_ranks'),
+}
 
 
 def _time_hook(hook, wall, cpu):
     """Add the wall and CPU time of the hook's per-iteration work to the
     current (last) entries of ``wall`` and ``cpu``."""
-    for name in TIMED_METHODS:
+    for name in TIMED_METHODS[type(hook).__name__]:
         method = getattr(hook, name)
 
         def timed(*args, _method=method, **kwargs):
@@ -63,27 +67,39 @@ def _time_run(work_dir, data_root, iters):
     import torch.distributed as dist
     from mmengine.hooks import Hook
 
-    from mmddp_ext.hooks import RankConsistencyHook
+    from mmddp_ext.hooks import NonFiniteSkipHook, RankConsistencyHook
     from tests.helpers import build_runner
     register_same_batch_sampler()
     runner = build_runner(
         work_dir, data_root, iters, {
             'mmddp_ext_cfg.rank_consistency': None,
-            'custom_hooks': [dict(type='RankConsistencyHook')],
+            'mmddp_ext_cfg.nonfinite_skip': None,
+            'custom_hooks': [
+                dict(type='RankConsistencyHook'),
+                dict(type='NonFiniteSkipHook')
+            ],
             **TIMED_RUN_OVERRIDES,
             **same_batch_overrides(list(MODES)),
         })
     consistency = next(
         h for h in runner.hooks if isinstance(h, RankConsistencyHook))
+    skip = next(h for h in runner.hooks if isinstance(h, NonFiniteSkipHook))
     modes, wall, cpu = [], [], []
+    _time_hook(consistency, wall, cpu)
+    _time_hook(skip, wall, cpu)
+    reduce_flags = skip._reduce_nonfinite_flags
 
     class SwitchMode(Hook):
-        priority = 'HIGHEST'  # before RankConsistencyHook decides
+        priority = 'HIGHEST'  # before the hooks decide
 
         def before_train_iter(self, runner, batch_idx, data_batch=None):
             mode = same_batch_mode(runner.iter, list(MODES))
-            for key, value in MODES[mode].items():
+            settings, skipping = MODES[mode]
+            for key, value in settings.items():
                 setattr(consistency, key, value)
+            # Off: no flag all-reduce, so the step has no flags to wait on.
+            skip._reduce_nonfinite_flags = (
+                reduce_flags if skipping else lambda parsed_loss: None)
             modes.append(mode)
             wall.append(0.0)
             cpu.append(0.0)
@@ -91,7 +107,6 @@ def _time_run(work_dir, data_root, iters):
     timer = type('Timer', (StepTimer, Hook), {})()
     runner.register_hook(SwitchMode())
     runner.register_hook(timer)
-    _time_hook(consistency, wall, cpu)
     runner.train()
     if dist.get_rank() != 0:
         return None
@@ -145,12 +160,12 @@ def main():
                         for name, ratio in ratios.items()),
               flush=True)
     off = mode_medians(records, MODES)['off']
-    print('\n== RankConsistencyHook overhead (2 gloo ranks, CPU, tiny '
-          'DINO, same batches interleaved) ==')
+    print('\n== RankConsistencyHook + NonFiniteSkipHook overhead (2 gloo '
+          'ranks, CPU, tiny DINO, same batches interleaved) ==')
     for name in ('every', 'default'):
         ratio, low, high, groups = same_batch_ratios(records, name, 'off')
         print(f'{name:8s} / off: step time {ratio:.3f}, 90 % interval '
-              f'[{low:.3f}, {high:.3f}] over {groups} batches; in the hook '
+              f'[{low:.3f}, {high:.3f}] over {groups} batches; in the hooks '
               f'{median(in_wall[name]) / off * 100:.2f} % of a step (wall), '
               f'{median(in_cpu[name]) / off * 100:.2f} % (CPU)')
 

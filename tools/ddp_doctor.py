@@ -1,12 +1,15 @@
 """Predict on CPU whether a config will train on N GPUs with DDP.
 
     python tools/ddp_doctor.py CONFIG [--nproc N] [--iters K] [--shrink]
+        [--no-gradients] [--no-dynamic] [--timeout S]
         [--cfg-options k=v ...] [--out report.json]
 
-Static checks (dataset, config, environment), a probe on N gloo ranks with
-an adversarial batch schedule, and a gradient-equivalence comparison; one
-verdict per check (ok / warn / blocker). Exit code 1 when any check is a
-blocker. Works on any MMDet 3.x config, with or without mmddp_ext.
+Static checks (dataset, config, environment), a probe on N gloo ranks that
+trains K iterations of an adversarial batch schedule through the config's
+own runner, and a gradient-equivalence comparison; one verdict per check
+(ok / warn / blocker / doctor error). Exit code 1 when any check is a
+blocker, else 2 when the doctor itself failed, else 0. Works on any MMDet
+3.x config, with or without mmddp_ext. docs/doctor.md describes it.
 """
 import argparse
 import os
@@ -30,7 +33,8 @@ def parse_args(argv=None):
                         help='iterations of the adversarial schedule '
                         '(default 3: all GT, last rank without GT, one box)')
     parser.add_argument('--shrink', action='store_true',
-                        help='smaller images and batches, same architecture')
+                        help='smaller images, batches and query counts, '
+                        'same layers and losses')
     parser.add_argument('--no-dynamic', action='store_true',
                         help='static checks only')
     parser.add_argument('--no-gradients', action='store_true',

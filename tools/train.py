@@ -5,7 +5,10 @@ it imports mmddp_ext (registering its components), uses
 :class:`mmddp_ext.ExtRunner` unless the config names another
 ``runner_type`` (CPU/gloo launch, weights-only checkpoints), checks the
 config's COCO annotation files before building anything, and accepts
-``--trust-checkpoint`` for loading a legacy checkpoint.
+``--trust-checkpoint`` for loading a legacy checkpoint. ``--resume``
+(auto) keeps the config's ``load_from``: ExtRunner continues from the work
+dir's latest checkpoint, or starts from ``load_from`` when there is none
+yet, as it does after a torchrun restart.
 
 Single process:  python tools/train.py CONFIG
 Several ranks:   bash tools/dist_train.sh CONFIG NPROC
@@ -145,44 +148,49 @@ def build_cfg(args):
                 'N) in the config, N being the total batch size (GPUs x '
                 'images per GPU) its lr was set for.')
 
-    resume_after_restart(args, cfg)
-    if args.resume == 'auto':
-        cfg.resume = True
-        cfg.load_from = None
-    elif args.resume is not None:
-        cfg.resume = True
-        cfg.load_from = args.resume
     if args.trust_checkpoint:
         cfg.trusted_checkpoints = list(cfg.get('trusted_checkpoints',
                                                [])) + args.trust_checkpoint
     cfg.setdefault('runner_type', 'ExtRunner')
+    apply_resume(args, cfg)
     return cfg
 
 
-def resume_after_restart(args, cfg) -> None:
-    """After torchrun restarted the ranks (``MAX_RESTARTS`` of
-    dist_train.sh; torchrun sets ``TORCHELASTIC_RESTART_COUNT``), resume
-    from the latest checkpoint in the work dir (the one --resume named, if
-    the run wrote none yet). Rank 0 prints why and from where."""
-    restarts = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
-    if restarts == 0:
-        return
-    from mmengine.runner import find_latest_checkpoint
-    latest = find_latest_checkpoint(cfg.work_dir)
-    if latest is not None or args.resume is None:
-        args.resume = 'auto'
-    if os.environ.get('RANK', '0') != '0':
-        return
-    if latest is not None:
-        where = f'resuming from {latest}'
-    elif args.resume != 'auto':
-        where = f'no checkpoint written yet: resuming from {args.resume}'
-    else:
-        where = f'no checkpoint in {cfg.work_dir} yet: starting over'
-    limit = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')
-    print(f'train.py: restart {restarts} of at most {limit}: torchrun '
-          'restarted every rank because one failed or was killed (its '
-          f'exit is reported above); {where}.', flush=True)
+def apply_resume(args, cfg) -> None:
+    """Pass --resume on. ExtRunner (the default) decides where training
+    starts after a torchrun restart (``MAX_RESTARTS`` of dist_train.sh) and
+    on ``--resume`` with one rule, and logs it on every rank: the run's own
+    latest checkpoint, else what it started with (``load_from`` is kept).
+    Another runner gets MMDetection's encoding, and a restart warns that it
+    re-runs the config as given."""
+    ext_runner = is_ext_runner(cfg)
+    if args.resume == 'auto':
+        cfg.resume = 'auto' if ext_runner else True
+        if not ext_runner:
+            cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    restarts = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    if not ext_runner and restarts not in ('', '0'):
+        print(f'train.py: restart {restarts}: runner_type='
+              f'{cfg.runner_type!r} is not an ExtRunner, so this attempt '
+              're-runs the config as given and does not continue from the '
+              "run's own checkpoints; use runner_type='ExtRunner' (or a "
+              'runner derived from it) for self-healing restarts.',
+              flush=True)
+
+
+def is_ext_runner(cfg) -> bool:
+    """Whether ``cfg.runner_type`` is ExtRunner or derived from it."""
+    from mmengine.registry import RUNNERS
+
+    from mmddp_ext import ExtRunner
+    scope = cfg.get('default_scope')
+    with RUNNERS.switch_scope_and_registry(scope) as registry:
+        runner_type = registry.get(cfg.get('runner_type', 'Runner'))
+    return isinstance(runner_type, type) and issubclass(
+        runner_type, ExtRunner)
 
 
 def run(build_cfg_fn, args, mode: str = 'train',
@@ -217,14 +225,8 @@ def run(build_cfg_fn, args, mode: str = 'train',
 def check_class_counts_unless_ext_runner(cfg, splits) -> None:
     """The class-count check for runners other than ExtRunner, which checks
     at construction and, under a launcher, stops every rank together."""
-    from mmddp_ext import ExtRunner
     from mmddp_ext.utils import check_config_class_counts
-    from mmengine.registry import RUNNERS
-    scope = cfg.get('default_scope')
-    with RUNNERS.switch_scope_and_registry(scope) as registry:
-        runner_type = registry.get(cfg.get('runner_type', 'Runner'))
-    if not (isinstance(runner_type, type)
-            and issubclass(runner_type, ExtRunner)):
+    if not is_ext_runner(cfg):
         check_config_class_counts(cfg, splits=splits)
 
 

@@ -31,8 +31,9 @@
 #   empty_gt_stats      EmptyGTStatsHook: per-rank empty-GT counts in logs
 #   finite_predictions  FinitePredictionsHook: NaN/inf predictions are scored
 #                       as misses in val/test, with a warning (on by default)
-#   rank_consistency    RankConsistencyHook: fail fast on diverging ranks,
-#                       coordinated skipping of non-finite steps
+#   nonfinite_skip      NonFiniteSkipHook: a NaN/inf loss on any rank skips
+#                       that step on every rank
+#   rank_consistency    RankConsistencyHook: fail fast on diverging ranks
 # Set any of them to None/False in your config to switch it off.
 _mmddp_ext_module = __import__('mmddp_ext')
 runner_type = 'ExtRunner'
@@ -45,6 +46,7 @@ mmddp_ext_cfg = dict(
     empty_gt_guard=dict(policy='keep'),
     empty_gt_stats=True,
     finite_predictions=True,
+    nonfinite_skip=dict(),
     rank_consistency=dict(),
 )
 

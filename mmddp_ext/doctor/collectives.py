@@ -93,6 +93,12 @@ class CollectiveRecorder:
         self._local = False
 
     # --------------------------------------------------------------- api
+    @property
+    def diverged(self) -> bool:
+        """The ranks have diverged in this iteration: its collectives run
+        with single-process semantics until :meth:`start_iteration`."""
+        return self._local
+
     def start_iteration(self) -> None:
         self.events, self.divergence, self._local = [], None, False
 
@@ -142,10 +148,16 @@ class CollectiveRecorder:
             if group is self.side_group:
                 return original(*args, **kwargs)
             sig = signature(name, args, kwargs)
+            # DDP's gradient buckets go over the default group; a call on
+            # another group (a hook's side channel) cannot pair with them.
+            event = dict(
+                phase=self.phase,
+                call=sig,
+                default_group=group in (None, dist.group.WORLD))
             if self._agree(sig):
-                self.events.append(dict(phase=self.phase, call=sig))
+                self.events.append(event)
                 return original(*args, **kwargs)
-            self.events.append(dict(phase=self.phase, call=sig, local=True))
+            self.events.append(dict(event, local=True))
             return _run_locally(name, args, kwargs)
 
         return collective

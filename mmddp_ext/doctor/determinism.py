@@ -6,11 +6,17 @@ concatenated batch, and are switched off here so that what remains is a
 real normalisation difference:
 
 - random draws (the denoising noise of DINO-style heads): each random
-  factory of ``torch`` returns a constant while active, so every element
-  sees the same "noise" however the batch is split;
-- dropout: its modules are put in eval mode;
+  factory of ``torch`` returns a constant while active, and the in-place
+  ones (``bernoulli_``, ``uniform_``, ``normal_``) fill a constant, so
+  every element sees the same "noise" however the batch is split;
+- dropout: dropout modules and ``nn.MultiheadAttention`` (whose attention
+  dropout is no dropout module) are put in eval mode, and the functional
+  dropouts return their input;
 - BatchNorm batch statistics (per rank without SyncBN): BatchNorm modules
   use their running statistics (eval mode).
+
+Nothing else changes mode: detectors behave differently in eval mode
+(no denoising queries, no losses).
 """
 import contextlib
 from typing import Iterator, List
@@ -78,23 +84,61 @@ CONSTANT_RANDOM = dict(
 )
 
 
+def _bernoulli_(self, *args, **kwargs):
+    return self.fill_(1.0)  # keep everything: no drop
+
+
+def _uniform_(self, from_=0.0, to=1.0, **kwargs):
+    return self.fill_((from_ + to) / 2)
+
+
+def _normal_(self, mean=0.0, std=1.0, **kwargs):
+    return self.fill_(mean)
+
+
+def _bernoulli(input, *args, **kwargs):
+    return torch.ones_like(input)
+
+
+def _no_dropout(input, *args, **kwargs):
+    return input
+
+
+CONSTANT_IN_PLACE = dict(
+    bernoulli_=_bernoulli_, uniform_=_uniform_, normal_=_normal_)
+FUNCTIONAL_DROPOUTS = ('dropout', 'dropout1d', 'dropout2d', 'dropout3d',
+                       'alpha_dropout', 'feature_alpha_dropout')
+EVAL_TYPES = (_BatchNorm, _DropoutNd, nn.MultiheadAttention)
+
+
 @contextlib.contextmanager
-def split_invariant(model: nn.Module) -> Iterator[None]:
-    """Inside the block, ``model``'s forward gives each image the same
-    result whichever batch it is in (see the module docstring)."""
-    saved = {name: getattr(torch, name) for name in CONSTANT_RANDOM}
-    switched: List[nn.Module] = [
-        m for m in model.modules()
-        if isinstance(m, (_BatchNorm, _DropoutNd)) and m.training
-    ]
-    for name, fn in CONSTANT_RANDOM.items():
-        setattr(torch, name, fn)
-    for module in switched:
-        module.eval()
+def _patched(owner, replacements: dict) -> Iterator[None]:
+    saved = {name: getattr(owner, name) for name in replacements}
+    for name, fn in replacements.items():
+        setattr(owner, name, fn)
     try:
         yield
     finally:
         for name, fn in saved.items():
-            setattr(torch, name, fn)
+            setattr(owner, name, fn)
+
+
+@contextlib.contextmanager
+def split_invariant(model: nn.Module) -> Iterator[None]:
+    """Inside the block, ``model``'s forward gives each image the same
+    result whichever batch it is in (see the module docstring)."""
+    switched: List[nn.Module] = [
+        m for m in model.modules() if isinstance(m, EVAL_TYPES) and m.training
+    ]
+    for module in switched:
+        module.eval()
+    try:
+        with _patched(torch, dict(CONSTANT_RANDOM, bernoulli=_bernoulli)), \
+                _patched(torch.Tensor, CONSTANT_IN_PLACE), \
+                _patched(nn.functional, {
+                    name: _no_dropout
+                    for name in FUNCTIONAL_DROPOUTS}):
+            yield
+    finally:
         for module in switched:
             module.train()

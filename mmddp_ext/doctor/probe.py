@@ -1,73 +1,52 @@
-"""The dynamic probe: what every rank does in K iterations of the real
-config, recorded without letting a divergence hang the run.
+"""The dynamic probe: what every rank does in K iterations of the config,
+recorded without letting a divergence hang the run.
 
-It runs on N real gloo ranks (:func:`probe_rank` through
-``mmddp_ext.testing.run_on_ranks``). DDP's reducer itself is not run:
-each rank runs forward and backward alone, with the model's own
-collectives (lockstepped, see :mod:`.collectives`), then the gradients are
-averaged across ranks as DDP would (one flat all-reduce, missing
-gradients counting as zeros) and the optimizer of the config steps. What
-DDP would have made of each rank's parameter usage is predicted from the
-records by :mod:`.dynamic_checks`, so a run that would hang on NCCL is
-reported instead.
+:func:`probe_rank` runs on each of N real gloo ranks (through
+:func:`mmddp_ext.utils.rank_launcher.run_on_ranks`). It builds the config's
+own runner (:mod:`.probe_runner`) and lets it train: hooks, message hub,
+the train loop's epoch and iteration, data preprocessor and collate
+function are the config's. Only the training step differs: DDP is not
+built. Each rank runs forward and backward alone, with the model's own
+collectives lockstepped (:mod:`.collectives`), then the gradients are
+averaged across ranks as DDP's reducer would (missing ones as zeros) and
+the config's optimizer steps. What DDP would have made of each rank's
+records is predicted by :mod:`.ddp_outcome`, so a run that would hang on
+NCCL is reported instead.
 
-With mmddp_ext switched on in the config, its fixes that act inside the
-process are applied as ``ExtRunner`` would: the train collate function
-(``empty_gt_guard``) and ``CheckpointConflictHook``'s policy.
+The batches come from :mod:`.schedule`. Where a GPU launch does what CPU
+ranks cannot (SyncBatchNorm, AMP), the probe uses the twins of
+:mod:`.cpu_twins`. CheckpointConflictHook sees no DDP wrapper here, so the
+probe applies its policy itself (non-reentrant checkpointing is right with
+or without a conflict).
 """
-import logging
+import copy
+import os.path as osp
 import resource
+import sys
 import time
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List, Optional, Set
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from mmengine.logging import MMLogger
+from mmengine.registry import init_default_scope
 
+from ..utils.ddp_averaging import (average_gradients, broadcast_from_rank0,
+                                   ranks_with_gradient)
 from . import checkpoint_sites
 from .collectives import CollectiveRecorder
-from .ddp_setup import resolve_setup
+from .cpu_twins import (describe_twins, sync_batch_norm_layers,
+                        sync_batch_norm_on_cpu)
+from .errors import describe_error
 from .gradients import compare_gradients
-from .schedule import AdversarialSchedule
+from .launch_setup import import_custom_modules, launch_setup
+from .probe_runner import build_probe_runner
+from .schedule import AdversarialSchedule, num_boxes
 
 MAX_LISTED = 20
-
-
-def _drop_pretrained(node: Any) -> Any:
-    """The model config without ``Pretrained`` init_cfg entries: the
-    probe never downloads weights (random init is enough to see the
-    graph)."""
-    if isinstance(node, dict):
-        if node.get('type') == 'Pretrained':
-            return None
-        return type(node)({k: _drop_pretrained(v) for k, v in node.items()})
-    if isinstance(node, list):
-        return [_drop_pretrained(v) for v in node]
-    return node
-
-
-def build_model(cfg, seed: int = 0) -> nn.Module:
-    """Build, initialise and (with a process group) sync ``cfg.model``."""
-    from mmengine.registry import MODELS
-    torch.manual_seed(seed)
-    model = MODELS.build(_drop_pretrained(cfg.model))
-    # init_weights logs every parameter's initialiser at INFO level.
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        model.init_weights()
-    finally:
-        logger.setLevel(level)
-    if cfg.get('sync_bn'):
-        from mmengine.model import convert_sync_batchnorm
-        model = convert_sync_batchnorm(model, cfg.sync_bn)
-    if dist.is_available() and dist.is_initialized():
-        with torch.no_grad():
-            for tensor in list(model.parameters()) + list(model.buffers()):
-                dist.broadcast(tensor.data, src=0)
-    return model.train()
+# DDP's cap on its first gradient bucket (``bucket_cap_mb`` sizes the
+# others).
+FIRST_BUCKET_BYTES = 1024 * 1024
+SETUP_ERROR_FILE = 'rank{}_setup_error.json'
 
 
 def graph_parameters(loss: torch.Tensor) -> Set[int]:
@@ -87,85 +66,127 @@ def graph_parameters(loss: torch.Tensor) -> Set[int]:
     return found
 
 
+def first_bucket(params: List[torch.nn.Parameter]) -> str:
+    """DDP's first gradient bucket as ``'float32[N]'``: the last
+    parameters in registration order, up to ``FIRST_BUCKET_BYTES``."""
+    numel, size, dtype = 0, 0, 'float32'
+    for param in reversed(params):
+        dtype = str(param.dtype).replace('torch.', '')
+        numel += param.numel()
+        size += param.numel() * param.element_size()
+        if size >= FIRST_BUCKET_BYTES:
+            break
+    return f'{dtype}[{numel}]'
+
+
 def _is_finite(value: Any) -> bool:
     return bool(torch.isfinite(torch.as_tensor(value)).all())
 
 
-def average_gradients(params: List[nn.Parameter]) -> bool:
-    """DDP's averaging: one flat all-reduce, missing gradients as zeros;
-    a parameter without a gradient on every rank keeps ``grad=None``.
-    Returns whether every averaged gradient is finite."""
-    world_size = dist.get_world_size()
-    used = torch.tensor([p.grad is not None for p in params],
-                        dtype=torch.int32)
-    dist.all_reduce(used)
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p)
-             for p in params]
-    flat = torch.cat([g.reshape(-1).float() for g in grads]) / world_size
-    dist.all_reduce(flat)
-    offset = 0
-    for param, grad, count in zip(params, grads, used.tolist()):
-        size = grad.numel()
-        param.grad = (flat[offset:offset + size].view_as(grad).to(grad.dtype)
-                      if count else None)
-        offset += size
-    return bool(torch.isfinite(flat).all())
-
-
 def peak_memory_mb() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
     # ru_maxrss is in KiB on Linux: the process's peak resident size.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _num_gt(batch: dict) -> int:
-    return sum(len(s.gt_instances) for s in batch['data_samples'])
-
-
 class RankProbe:
-    """One rank's model, data, optimizer and recorder."""
+    """One rank's probe; :meth:`run` is called by the runner's loop.
 
-    def __init__(self, cfg, seed: int = 0) -> None:
-        from mmengine.optim import build_optim_wrapper
-        from mmengine.registry import DATASETS, FUNCTIONS
+    Args:
+        cfg (Config): The config, as given to the doctor.
+        iters (int): Iterations of the adversarial schedule.
+        gradient_check (bool): Compare gradients with one process first.
+    """
+
+    def __init__(self, cfg, iters: int, gradient_check: bool) -> None:
+        self.cfg = cfg
+        self.iters = iters
+        self.gradient_check = gradient_check
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.setup = resolve_setup(cfg)
-        self.model = build_model(cfg, seed)
-        self.checkpoint_sites: List[str] = []
-        self.checkpoint_changed = checkpoint_sites.apply_policy(
-            self.model, self.setup.checkpoint_policy)
+        self.setup = launch_setup(cfg)
+        self.started = time.perf_counter()
+        self.result: Dict[str, Any] = dict(
+            rank=self.rank, iterations=[], checkpoint_sites=[])
+
+    # ------------------------------------------------------------ the loop
+    def run(self, loop) -> None:
+        """Prepare the rank's step, then the comparison and iterations."""
+        self.result['runner_built_s'] = time.perf_counter() - self.started
+        self.loop, self.runner = loop, loop.runner
+        self.model = self.runner.model
+        self.optim_wrapper = self.runner.optim_wrapper
+        broadcast_from_rank0(self.model)  # as DDP's constructor does
         self.params = [(n, p) for n, p in self.model.named_parameters()
                        if p.requires_grad]
-        loader = cfg.train_dataloader
+        loader = self.cfg.train_dataloader
         self.schedule = AdversarialSchedule(
-            DATASETS.build(loader.dataset), self.world_size,
-            loader.batch_size)
-        collate_cfg = dict(self.setup.collate)
-        collate_fn = FUNCTIONS.get(collate_cfg.pop('type'))
-        self.collate = lambda samples: collate_fn(samples, **collate_cfg)
-        optim_cfg = dict(cfg.optim_wrapper)
-        if optim_cfg.get('type') == 'AmpOptimWrapper' and (
-                not torch.cuda.is_available()):
-            optim_cfg['type'] = 'OptimWrapper'  # AMP needs CUDA
-            optim_cfg.pop('loss_scale', None)
-        self.optim_wrapper = build_optim_wrapper(self.model, optim_cfg)
+            loop.dataloader.dataset, self.world_size,
+            loader.get('batch_size', 1))
+        self.collate = loop.dataloader.collate_fn
+        self.result.update(
+            checkpoint_changed=checkpoint_sites.apply_policy(
+                self.model, self.setup.checkpoint_policy),
+            runner=self.runner.doctor_base_names['runner'],
+            loop=self.runner.doctor_base_names['loop'],
+            epoch=self.runner.epoch,
+            hooks=[type(h).__name__ for h in self.runner.hooks],
+            first_bucket=first_bucket([p for _, p in self.params]),
+            twins=describe_twins(
+                sync_batch_norm_layers(self.model),
+                self.runner.doctor_amp_replaced))
         self.side_group = dist.new_group(backend='gloo')
         self.recorder = CollectiveRecorder(self.side_group)
+        if self.gradient_check:
+            start = time.perf_counter()
+            try:
+                self.result['gradients'] = compare_gradients(self)
+            except Exception as error:  # its batches: every rank alike
+                self.result['gradients'] = dict(
+                    error=describe_error(error, 'gradient comparison'))
+                self.optim_wrapper.zero_grad()
+            self.result['gradients_s'] = time.perf_counter() - start
+        for k in range(self.iters):
+            self.result['iterations'].append(self.iteration(k))
+            loop._iter += 1
 
+    # --------------------------------------------------------- the step
     def forward_loss(self, batch: dict):
-        data = self.model.data_preprocessor(batch, training=True)
-        losses = self.model._run_forward(data, mode='loss')
+        """The training forward as ``BaseModel.train_step`` runs it; the
+        loss keys are kept before ``parse_losses`` (which hooks may
+        patch) runs."""
+        with self.optim_wrapper.optim_context(self.model):
+            data = self.model.data_preprocessor(batch, True)
+            losses = self.model._run_forward(data, mode='loss')
+        self._loss_keys = sorted(losses)
         loss, log_vars = self.model.parse_losses(losses)
         return losses, loss, log_vars
+
+    def phase(self, record: dict, name: str, fn) -> bool:
+        """Run ``fn`` recorded as phase ``name``; an exception is kept in
+        ``record`` and the peers are told. Returns whether it ran."""
+        if record['error'] is not None:
+            return False
+        start = time.perf_counter()
+        try:
+            with self.recorder.recording(name):
+                fn()
+            return True
+        except Exception as error:  # the report names it; peers go on
+            record['error'] = describe_error(
+                error, name, after_divergence=self.recorder.diverged)
+            self.recorder.report_failure(error)
+            return False
+        finally:
+            record.setdefault('phase_s', {})[name] = round(
+                time.perf_counter() - start, 3)
 
     def iteration(self, k: int) -> Dict[str, Any]:
         """Run iteration ``k`` of the schedule and return its record."""
         batch = self.collate(self.schedule.batch(self.rank, k))
         record: Dict[str, Any] = dict(
             iteration=k,
+            epoch=self.runner.epoch,
             kind=self.schedule.kind(k),
-            gt_boxes=_num_gt(batch),
+            gt_boxes=sum(num_boxes(s) for s in batch['data_samples']),
             loss_keys=[],
             error=None,
             nonfinite_losses=[],
@@ -174,29 +195,38 @@ class RankProbe:
         self.optim_wrapper.zero_grad()
         self.recorder.start_iteration()
         start = time.perf_counter()
-        try:
-            with self.recorder.recording('forward'), \
-                    checkpoint_sites.observed(self.model) as sites:
-                losses, loss, log_vars = self.forward_loss(batch)
-            self.checkpoint_sites += [
-                s for s in sites if s not in self.checkpoint_sites
+        state: Dict[str, Any] = {}
+
+        def forward():
+            with checkpoint_sites.observed(self.model) as sites:
+                state['losses'], state['loss'], state['log_vars'] = \
+                    self.forward_loss(batch)
+            self.result['checkpoint_sites'] += [
+                s for s in sites if s not in self.result['checkpoint_sites']
             ]
-            record['loss_keys'] = sorted(losses)
-            record['nonfinite_losses'] = [
-                key for key, value in log_vars.items()
-                if not _is_finite(value)
-            ]
+
+        def backward():
+            loss = state['loss']
             reached = graph_parameters(loss) if loss.requires_grad else set()
-            with self.recorder.recording('backward'):
-                if loss.requires_grad:
-                    loss.backward()
+            if loss.requires_grad:
+                loss.backward()
             record['hidden_from_ddp'] = [
                 n for n, p in self.params
                 if p.grad is not None and id(p) not in reached
             ]
-        except Exception as error:  # the report names it; peers go on
-            record['error'] = f'{type(error).__name__}: {error}'[:800]
-            self.recorder.report_failure(error)
+
+        self._loss_keys = []
+        self.phase(
+            record, 'before_train_iter hooks', lambda: self.runner.call_hook(
+                'before_train_iter', batch_idx=k, data_batch=batch))
+        self.phase(record, 'forward', forward)
+        record['loss_keys'] = list(self._loss_keys)
+        if 'log_vars' in state:
+            record['nonfinite_losses'] = [
+                key for key, value in state['log_vars'].items()
+                if not _is_finite(value)
+            ]
+        self.phase(record, 'backward', backward)
         record['collectives'] = list(self.recorder.events)
         record['divergence'] = self.recorder.divergence
         record['no_grad'] = [n for n, p in self.params if p.grad is None]
@@ -204,26 +234,69 @@ class RankProbe:
             n for n, p in self.params
             if p.grad is not None and not _is_finite(p.grad)
         ][:MAX_LISTED]
-        if average_gradients([p for _, p in self.params]):
-            self.optim_wrapper.step()
+        params = [p for _, p in self.params]
+        counts = ranks_with_gradient(params)
+        average_gradients([p for p, c in zip(params, counts) if c])
+        finite = all(
+            _is_finite(p.grad) for p in params if p.grad is not None)
+        record['nonfinite_step'] = None
+        if finite:
+            self.phase(record, 'optimizer step', self.optim_wrapper.step)
+        else:
+            record['nonfinite_step'] = self._observe_nonfinite_step(record)
         self.optim_wrapper.zero_grad()
+        self.phase(
+            record, 'after_train_iter hooks',
+            lambda: self.runner.call_hook(
+                'after_train_iter',
+                batch_idx=k,
+                data_batch=batch,
+                outputs=state.get('log_vars') or {}))
         record['step_time_s'] = time.perf_counter() - start
         record['peak_memory_mb'] = peak_memory_mb()
         return record
 
 
-def import_custom_modules(cfg) -> None:
-    """Import the config's ``custom_imports`` (a config merged after
-    loading, or one passed to a fresh process, has not done it)."""
-    custom = cfg.get('custom_imports')
-    if custom:
-        from mmengine.utils import import_modules_from_strings
-        import_modules_from_strings(**custom)
+    def _observe_nonfinite_step(self, record: dict) -> str:
+        """Run the config's optimizer step (with what its hooks patched
+        in) on the non-finite averaged gradient and see what it does to
+        the weights: ``'skipped'`` (unchanged), ``'nonfinite weights'`` or
+        ``'updated'``. Weights and optimizer state are put back after, so
+        that the later iterations stay meaningful."""
+        params = [p for _, p in self.params]
+        weights = [p.detach().clone() for p in params]
+        state = copy.deepcopy(self.optim_wrapper.state_dict())
+        self.phase(record, 'optimizer step', self.optim_wrapper.step)
+        if not all(_is_finite(p.detach()) for p in params):
+            outcome = 'nonfinite weights'
+        elif all(torch.equal(p.detach(), w) for p, w in zip(params, weights)):
+            outcome = 'skipped'
+        else:
+            outcome = 'updated'
+        with torch.no_grad():
+            for param, weight in zip(params, weights):
+                param.copy_(weight)
+        self.optim_wrapper.load_state_dict(state)
+        return outcome
+
+
+def _write_setup_error(result_dir: Optional[str], rank: int,
+                       error: Dict[str, Any]) -> None:
+    if result_dir:
+        import json
+        with open(osp.join(result_dir, SETUP_ERROR_FILE.format(rank)),
+                  'w') as f:
+            json.dump(error, f)
 
 
 def probe_rank(cfg, iters: int, gradient_check: bool,
-               seed: int = 0) -> Dict[str, Any]:
+               result_dir: Optional[str] = None) -> Dict[str, Any]:
     """Everything one rank reports (run through ``run_on_ranks``).
+
+    A failure before the first iteration (the runner does not build, a
+    hook raises in ``before_train``) is written to ``result_dir`` as JSON
+    (:func:`describe_error`) and re-raised, so that the launcher stops the
+    peers at once.
 
     Args:
         cfg (Config): The config (overrides and --shrink already
@@ -231,20 +304,22 @@ def probe_rank(cfg, iters: int, gradient_check: bool,
         iters (int): Iterations of the adversarial schedule.
         gradient_check (bool): Also compare averaged gradients with one
             process over the concatenated batch (before the iterations).
-        seed (int): Model initialisation seed. Defaults to 0.
+        result_dir (str, optional): Where setup failures are written.
     """
-    from mmengine.registry import init_default_scope
-    import_custom_modules(cfg)
-    init_default_scope(cfg.get('default_scope', 'mmdet'))
-    probe = RankProbe(cfg, seed)
-    result: Dict[str, Any] = dict(
-        rank=probe.rank,
-        checkpoint_sites=probe.checkpoint_sites,
-        checkpoint_changed=probe.checkpoint_changed)
-    if gradient_check:
-        result['gradients'] = compare_gradients(probe)
-    result['iterations'] = [probe.iteration(k) for k in range(iters)]
-    result['checkpoint_sites'] = probe.checkpoint_sites
+    rank = dist.get_rank()
+    work_dir = osp.join(result_dir or '.', f'work_rank{rank}')
+    with sync_batch_norm_on_cpu():
+        try:
+            import_custom_modules(cfg)
+            init_default_scope(cfg.get('default_scope', 'mmdet'))
+            probe = RankProbe(cfg, iters, gradient_check)
+            runner = build_probe_runner(cfg, probe, work_dir)
+            runner.train()
+        except Exception as error:
+            _write_setup_error(result_dir, rank,
+                               describe_error(error, 'setup'))
+            raise
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    result['cpu_s'] = usage.ru_utime + usage.ru_stime
-    return result
+    probe.result['cpu_s'] = usage.ru_utime + usage.ru_stime
+    sys.stdout.flush()
+    return probe.result

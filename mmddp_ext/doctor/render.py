@@ -4,10 +4,12 @@ from typing import List
 
 from mmengine.logging import print_log
 
-from .report import BLOCKER, OK, WARN, DoctorReport
+from .report import BLOCKER, DOCTOR_ERROR, OK, WARN, DoctorReport
 
-STYLE = {OK: 'green', WARN: 'yellow', BLOCKER: 'bold red'}
+STYLE = {OK: 'green', WARN: 'yellow', BLOCKER: 'bold red',
+         DOCTOR_ERROR: 'bold magenta'}
 WIDTH = 110
+TRACEBACK_LINES = 16
 
 
 def progress(step: int, total: int, text: str) -> None:
@@ -77,6 +79,11 @@ def _findings(report: DoctorReport) -> List[str]:
             lines.append(f'  on {report.nproc} GPUs: {check.on_gpus}')
         for fix in check.fix:
             lines.append(f'  paste: {fix}')
+        traceback = check.details.get('traceback')
+        if traceback:
+            tail = traceback.rstrip().splitlines()[-TRACEBACK_LINES:]
+            lines.append(f'  traceback (last {len(tail)} lines):')
+            lines.extend(f'    {line}' for line in tail)
     return lines
 
 

@@ -5,8 +5,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 OK, WARN, BLOCKER = 'ok', 'warn', 'blocker'
-VERDICTS = (OK, WARN, BLOCKER)
-PHASES = ('dataset', 'config', 'environment', 'dynamic', 'gradients')
+# The doctor itself failed: says nothing about the config either way.
+DOCTOR_ERROR = 'doctor error'
+VERDICTS = (OK, WARN, BLOCKER, DOCTOR_ERROR)
+PHASES = ('dataset', 'config', 'environment', 'dynamic', 'gradients',
+          'doctor')
+EXIT_CODES = {OK: 0, WARN: 0, BLOCKER: 1, DOCTOR_ERROR: 2}
 
 
 @dataclass
@@ -16,11 +20,13 @@ class Check:
     Args:
         phase (str): One of ``PHASES``.
         name (str): Short name of the question, e.g. 'unused parameters'.
-        verdict (str): 'ok', 'warn' or 'blocker'.
-        summary (str): What was found.
-        on_gpus (str): What it will do on N GPUs (NCCL). Empty for ok.
+        verdict (str): 'ok', 'warn', 'blocker' or 'doctor error' (the
+            doctor failed; the config may be fine).
+        summary (str): What was found, with its evidence.
+        on_gpus (str): What it will do on N GPUs. Empty for ok.
         fix (list[str]): Config lines to paste, or commands to run.
-        details (dict): Machine-readable facts (ranks, iteration, keys).
+        details (dict): Machine-readable facts (ranks, iteration, keys,
+            ``traceback``).
     """
     phase: str
     name: str
@@ -55,16 +61,19 @@ class DoctorReport:
 
     @property
     def verdict(self) -> str:
+        """The worst verdict: a blocker, else a doctor error, else a
+        warn, else ok."""
         verdicts = {c.verdict for c in self.checks}
-        for worst in (BLOCKER, WARN):
+        for worst in (BLOCKER, DOCTOR_ERROR, WARN):
             if worst in verdicts:
                 return worst
         return OK
 
     @property
     def exit_code(self) -> int:
-        """1 when any check is a blocker, else 0."""
-        return int(self.verdict == BLOCKER)
+        """1 when any check is a blocker; else 2 when the doctor itself
+        failed (the verdict is unknown); else 0."""
+        return EXIT_CODES[self.verdict]
 
     def find(self, phase: str, name: str) -> Check:
         """The check called ``name`` in ``phase`` (tests and CI use it)."""

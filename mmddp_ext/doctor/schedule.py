@@ -11,6 +11,16 @@ Samples are real dataset samples run through the config's pipeline, each
 under a seed of its own, so every process loads the same augmented sample
 for an index (the single-process reference of the gradient comparison
 rebuilds the other ranks' batches from the indices).
+
+The gradient comparison has batches of its own
+(:meth:`AdversarialSchedule.equivalence_batches`): two images per rank,
+the first with the most boxes any annotated image has (at most
+``MAX_EQUIVALENCE_BOXES``), the second cut to fewer boxes on each later
+rank (none on the last). The ranks' box counts differ, so a loss that a
+rank normalises by its own count gives another gradient than one process
+over all the images; the largest box count per image is the same in every
+batch, so heads that size their denoising groups by it build the same
+groups on every rank and in the whole batch.
 """
 import contextlib
 import random
@@ -21,6 +31,9 @@ import torch
 
 KINDS = ('every rank has GT', 'last rank has no GT', 'a single box per rank')
 SAMPLE_SEED = 1234
+MAX_EQUIVALENCE_BOXES = 8
+# Annotated images loaded to find ones of the same padded size.
+EQUIVALENCE_CANDIDATES = 16
 
 
 @contextlib.contextmanager
@@ -38,8 +51,9 @@ def _seeded(seed: int) -> Iterator[None]:
             np.random.set_state(np_state)
 
 
-def _num_boxes(sample: Any) -> int:
-    gt = getattr(sample['data_samples'], 'gt_instances', None)
+def num_boxes(data_sample: Any) -> int:
+    """GT boxes of a data sample (0 without ``gt_instances``)."""
+    gt = getattr(data_sample, 'gt_instances', None)
     return 0 if gt is None else len(gt)
 
 
@@ -85,8 +99,10 @@ class AdversarialSchedule:
         return KINDS[iteration % len(KINDS)]
 
     def load(self, index: int) -> dict:
+        prepare = getattr(self.dataset, 'prepare_data',
+                          self.dataset.__getitem__)
         with _seeded(SAMPLE_SEED + index):
-            sample = self.dataset.prepare_data(index)
+            sample = prepare(index)
         if sample is None:
             raise ValueError(
                 f'the train pipeline returned None for image {index} '
@@ -113,10 +129,32 @@ class AdversarialSchedule:
         return samples
 
     def equivalence_batches(self) -> List[List[dict]]:
-        """Every rank's batch for the gradient comparison: iteration 0's
-        images, each cut to the same number of boxes, so that
-        denoising-group sizes do not depend on the split."""
-        batches = [[self.load(i) for i in self.slot_indices(r, 0)]
-                   for r in range(self.world_size)]
-        common = min(_num_boxes(s) for b in batches for s in b)
-        return [[keep_boxes(s, common) for s in b] for b in batches]
+        """Every rank's batch for the gradient comparison (see the module
+        docstring)."""
+        candidates = [(i, self.load(i))
+                      for i in self.indices[:EQUIVALENCE_CANDIDATES]]
+        shapes: dict = {}
+        for index, sample in candidates:
+            shapes.setdefault(tuple(sample['inputs'].shape), []).append(
+                (index, sample))
+        # The images of the most common size: padding then adds nothing.
+        same = max(shapes.values(), key=len)
+        same.sort(key=lambda pair: -num_boxes(pair[1]['data_samples']))
+        richest = same[0][1]
+        most = min(num_boxes(richest['data_samples']), MAX_EQUIVALENCE_BOXES)
+        others = [s for _, s in same[1:]] or [richest]
+        last = max(1, self.world_size - 1)
+        batches = []
+        for rank in range(self.world_size):
+            wanted = most * (self.world_size - 1 - rank) // last
+            second = others[rank % len(others)]
+            batches.append([
+                keep_boxes(richest, most),
+                keep_boxes(second,
+                           min(wanted, num_boxes(second['data_samples'])))
+            ])
+        return batches
+
+    @staticmethod
+    def box_counts(batches: List[List[dict]]) -> List[List[int]]:
+        return [[num_boxes(s['data_samples']) for s in b] for b in batches]

@@ -1,12 +1,15 @@
 """Static config checks: the DDP set-up a launch would resolve to, read
 from the config and the built (not run) model."""
+import difflib
 from typing import Any, List
 
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..runner.ddp_setup import DDPSetup, checked_ext_cfg
+from ..runner.ext_runner import EXT_CFG_DEFAULTS
 from . import checkpoint_sites
-from .ddp_setup import DDPSetup, ext_cfg_defaults
+from .cpu_twins import sync_batch_norm_layers
 from .report import BLOCKER, OK, WARN, Check
 
 PHASE = 'config'
@@ -20,9 +23,15 @@ def check_wrapper(setup: DDPSetup) -> Check:
          'model needs find_unused_parameters'))
 
 
-def check_checkpointing(setup: DDPSetup, model: nn.Module) -> Check:
+def check_checkpointing(setup: DDPSetup,
+                        model: nn.Module,
+                        activation_checkpointing=(),
+                        probed: bool = False) -> Check:
+    """Checkpointing switched on in the built model against the DDP flag.
+    With ``probed``, the dynamic check (which sees the parameters hidden
+    in the iterations) gives the verdict on a conflict; this one warns."""
     name = 'activation checkpointing'
-    names = checkpoint_sites.switched_on(model)
+    names = checkpoint_sites.switched_on(model, activation_checkpointing)
     if not names:
         return Check(PHASE, name, OK, 'no activation checkpointing')
     keys = checkpoint_sites.config_keys(model, names)
@@ -36,6 +45,15 @@ def check_checkpointing(setup: DDPSetup, model: nn.Module) -> Check:
             f'{len(names)} checkpointing module(s) ({listed}); '
             f"CheckpointConflictHook policy '{setup.checkpoint_policy}' "
             'resolves any conflict with DDP', details=details)
+    if setup.find_unused and probed:
+        return Check(
+            PHASE, name, WARN,
+            f'reentrant checkpointing in {len(names)} module(s) ({listed}) '
+            'with find_unused_parameters=True: a conflict wherever these '
+            "modules' parameters reach the loss; dynamic/checkpointing and "
+            'DDP gives the verdict from the iterations',
+            fix=[f'# or: {k}=False' for k in keys][:1],
+            details=details)
     if setup.find_unused:
         stops = setup.checkpoint_policy == 'error'
         return Check(
@@ -117,26 +135,41 @@ def check_auto_scale_lr(cfg, nproc: int) -> Check:
 
 
 def check_sync_bn(cfg, nproc: int, model: nn.Module) -> Check:
+    """BatchNorm layers that use batch statistics in training (those in
+    training mode after ``model.train()``; ``norm_eval=True`` keeps a
+    backbone's in eval mode) normalise over one rank's images unless they
+    are synchronised."""
     name = 'sync_bn'
-    trained_bn = [
-        m for m in model.modules() if isinstance(m, _BatchNorm) and any(
-            p.requires_grad for p in m.parameters(recurse=False))
+    model.train()
+    batch_stats = [
+        n for n, m in model.named_modules()
+        if isinstance(m, _BatchNorm) and m.training
     ]
+    synced = sync_batch_norm_layers(model)
     batch = (cfg.get('train_dataloader') or {}).get('batch_size', 1)
     if cfg.get('sync_bn'):
         return Check(PHASE, name, OK,
                      f"sync_bn='{cfg.sync_bn}': BatchNorm statistics over "
-                     f'all {nproc} ranks')
-    if trained_bn and batch <= SMALL_BATCH and nproc > 1:
+                     f'all {nproc} ranks on GPUs (CPU ranks: ExtRunner '
+                     "skips it, the doctor's probe runs its CPU twin)")
+    if synced:
+        return Check(PHASE, name, OK,
+                     f'{synced} SyncBatchNorm layer(s) in the model: '
+                     f'statistics over all {nproc} ranks')
+    if batch_stats and batch <= SMALL_BATCH and nproc > 1:
         return Check(
             PHASE, name, WARN,
-            f'{len(trained_bn)} trainable BatchNorm layer(s) normalise over '
-            f'{batch} image(s) per rank',
+            f'{len(batch_stats)} BatchNorm layer(s) use batch statistics in '
+            f'training (e.g. {batch_stats[0]}) and normalise over {batch} '
+            'image(s) per rank',
             on_gpus='trains with noisy per-GPU BatchNorm statistics.',
-            fix=["sync_bn = 'torch'", '# or freeze them: norm_eval=True'])
+            fix=["sync_bn = 'torch'",
+                 '# or use their running statistics: '
+                 'model = dict(backbone=dict(norm_eval=True))'],
+            details=dict(layers=batch_stats))
     return Check(PHASE, name, OK,
-                 f'{len(trained_bn)} trainable BatchNorm layer(s), '
-                 f'{batch} image(s) per rank')
+                 f'{len(batch_stats)} BatchNorm layer(s) use batch '
+                 f'statistics in training, {batch} image(s) per rank')
 
 
 def _mmddp_ext_types(node: Any) -> List[str]:
@@ -166,18 +199,29 @@ def check_coherence(cfg, setup: DDPSetup) -> Check:
     name = 'mmddp_ext settings'
     given = cfg.get('mmddp_ext_cfg')
     if given is not None:
-        if not isinstance(given, dict):
-            return Check(PHASE, name, BLOCKER,
-                         f'mmddp_ext_cfg must be a dict, got '
-                         f'{type(given).__name__}',
-                         on_gpus='ExtRunner refuses the config.')
-        unknown = sorted(set(given) - set(ext_cfg_defaults()))
-        if unknown:
+        try:
+            checked_ext_cfg(given, EXT_CFG_DEFAULTS)
+        except (TypeError, ValueError) as error:
+            fix = ['mmddp_ext_cfg = dict()  # keys: ' +
+                   ', '.join(sorted(EXT_CFG_DEFAULTS))]
+            if isinstance(given, dict):
+                known = {
+                    k: v
+                    for k, v in given.items() if k in EXT_CFG_DEFAULTS
+                }
+                for key in sorted(set(given) - set(EXT_CFG_DEFAULTS)):
+                    close = difflib.get_close_matches(key, EXT_CFG_DEFAULTS,
+                                                      1)
+                    if close:
+                        known.setdefault(close[0], given[key])
+                fix = [f'mmddp_ext_cfg = {known!r}  # accepted keys: '
+                       f"{', '.join(sorted(EXT_CFG_DEFAULTS))}"]
             return Check(
-                PHASE, name, BLOCKER,
-                f'mmddp_ext_cfg has unknown key(s) {unknown}; accepted: '
-                f'{sorted(ext_cfg_defaults())}',
-                on_gpus='ExtRunner refuses the config.')
+                PHASE, name, BLOCKER if setup.opted_in else WARN, str(error),
+                on_gpus=('ExtRunner refuses the config at start-up.'
+                         if setup.opted_in else 'ignored: the runner is '
+                         f'{setup.runner_type}.'),
+                fix=fix)
         if not setup.opted_in:
             return Check(
                 PHASE, name, WARN,
@@ -212,11 +256,17 @@ def check_coherence(cfg, setup: DDPSetup) -> Check:
                  f", runner {setup.runner_type}")
 
 
-def config_checks(cfg, nproc: int, setup: DDPSetup,
-                  model: nn.Module) -> List[Check]:
+def config_checks(cfg,
+                  nproc: int,
+                  setup: DDPSetup,
+                  model: nn.Module,
+                  probed: bool = False) -> List[Check]:
+    """The config checks; ``probed``: the dynamic probe runs after them."""
     return [
         check_wrapper(setup),
-        check_checkpointing(setup, model),
+        check_checkpointing(setup, model,
+                            cfg.get('activation_checkpointing') or (),
+                            probed),
         check_data_loading(cfg, setup),
         check_auto_scale_lr(cfg, nproc),
         check_sync_bn(cfg, nproc, model),

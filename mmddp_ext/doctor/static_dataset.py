@@ -72,9 +72,15 @@ def check_empty_share(files, loaded) -> Check:
             shares.append(f'{split} {share:.0%} ({empty}/{total})')
     train = details.get('train')
     if train and train['without_gt'] == train['images']:
-        return Check(PHASE, 'images without GT', BLOCKER,
-                     'no training image has a box: ' + ', '.join(shares),
-                     on_gpus='nothing to learn from.', details=details)
+        key, path = files['train'][0]
+        return Check(
+            PHASE, 'images without GT', BLOCKER,
+            f'no training image has a box ({path}): ' + ', '.join(shares),
+            on_gpus='nothing to learn from.',
+            fix=[f"{key.rsplit('.', 1)[0]}.ann_file='<a file with boxes>'"
+                 '  # --cfg-options; or check its category ids against '
+                 'metainfo.classes'],
+            details=details)
     return Check(
         PHASE, 'images without GT', OK,
         'share of images without boxes: ' + ', '.join(shares) +
@@ -111,8 +117,17 @@ def check_degenerate(loaded) -> Check:
     if outside:
         parts.append(f'{len(outside)} box(es) reach outside their image '
                      f'(e.g. {outside[0]})')
+    fix = []
+    if tiny:
+        fix.append('train_dataloader = dict(dataset=dict(filter_cfg=dict('
+                   'filter_empty_gt=True)))  # skip the images the dropped '
+                   'boxes leave without any')
+    if outside:
+        fix.append('# clip them in the annotation file: 0 <= x, 0 <= y, '
+                   'x + w <= width, y + h <= height')
     return Check(PHASE, 'degenerate boxes', WARN, '; '.join(parts),
                  on_gpus='trains; the boxes are dropped or clipped.',
+                 fix=fix,
                  details=dict(thin=tiny[:20], outside=outside[:20]))
 
 
@@ -127,9 +142,30 @@ def check_class_counts(cfg) -> Check:
         return Check(
             PHASE, 'classes vs num_classes', BLOCKER, str(error),
             on_gpus='IndexError (a device-side assert on GPU) in the first '
-            'iteration with a label beyond num_classes.')
+            'iteration with a label beyond num_classes; ExtRunner stops '
+            'every rank at start-up with this message.',
+            fix=_num_classes_fix(cfg))
     return Check(PHASE, 'classes vs num_classes', OK,
                  'every num_classes in the model matches the dataset')
+
+
+def _num_classes_fix(cfg) -> List[str]:
+    """``--cfg-options`` that set every head's ``num_classes`` to the train
+    dataset's class count."""
+    from ..utils.class_count_check import dataset_classes, num_classes_keys
+    scope = cfg.get('default_scope')
+    loader = cfg.get('train_dataloader') or {}
+    found = list(dataset_classes(loader.get('dataset'),
+                                 'train_dataloader.dataset', scope))
+    if not found:
+        return []
+    count = len(found[0][1])
+    options = ' '.join(
+        f"{key.replace('[', '.').replace(']', '')}={count}"
+        for key, value in num_classes_keys(cfg.get('model'), scope)
+        if value != count)
+    return [f'--cfg-options {options}  # or set metainfo=dict(classes=...) '
+            'to the classes the model is meant for']
 
 
 def _image_dir(cfg) -> Optional[str]:
@@ -157,8 +193,10 @@ def check_images(cfg, files, loaded) -> Check:
             f'{len(broken)} of {len(sample)} sampled train images cannot be '
             f'read, e.g. {broken[0]}',
             on_gpus='the dataloader fails on the first such image.',
-            fix=['# check train_dataloader.dataset.data_root / '
-                 'data_prefix.img'])
+            fix=['train_dataloader = dict(dataset=dict(data_root='
+                 "'<dataset root>/', data_prefix=dict(img='<images folder>/'"
+                 '))) # the files are read from data_root + data_prefix.img'
+                 ' + file_name'])
     return Check(PHASE, 'image files', OK,
                  f'{len(sample)} sampled train images read under {root}')
 

@@ -6,7 +6,7 @@ from importlib import metadata
 from typing import List
 
 from ..utils.dist_env import visible_gpu_count
-from .ddp_setup import DDPSetup
+from ..runner.ddp_setup import DDPSetup
 from .report import BLOCKER, OK, WARN, Check
 
 PHASE = 'environment'

@@ -1,11 +1,13 @@
 from .checkpoint_conflict_hook import CheckpointConflictHook
 from .empty_gt_stats_hook import EmptyGTStatsHook
 from .finite_predictions_hook import FinitePredictionsHook
+from .nonfinite_skip_hook import NonFiniteSkipHook
 from .rank_consistency_hook import RankConsistencyHook
 from .rank_status_hook import RankStatusHook
 from .safe_checkpoint_hook import SafeCheckpointHook
 
 __all__ = [
     'CheckpointConflictHook', 'EmptyGTStatsHook', 'FinitePredictionsHook',
-    'RankConsistencyHook', 'RankStatusHook', 'SafeCheckpointHook'
+    'NonFiniteSkipHook', 'RankConsistencyHook', 'RankStatusHook',
+    'SafeCheckpointHook'
 ]

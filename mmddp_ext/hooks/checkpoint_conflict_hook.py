@@ -7,6 +7,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..utils import activation_checkpoint as act_cp
 from ..utils.side_channel import SideChannel
+from ..utils.text import shorten
+from ..wrappers.auto_ddp import AutoDDP
 
 POLICIES = act_cp.POLICIES
 
@@ -37,9 +39,12 @@ class CheckpointConflictHook(Hook):
     ``MMDistributedDataParallel`` or an ``AutoDDP`` decision), or
     parameters that AutoDDP saw unused inside a checkpointing module. A
     wrapper built with ``find_unused_parameters=True`` conflicts from its
-    first step, so the policy applies from the start; with ``AutoDDP``
-    deciding by itself, the check runs after its probe step (which runs
-    without DDP), before DDP runs a backward. Where DDP runs the first step,
+    first step, so the policy applies from the start; so does an
+    ``AutoDDP`` whose resumed run records that it needs
+    ``find_unused_parameters=True`` (DDP is built at ``before_train``, see
+    ``AutoDDP.apply_resumed_decision``). With ``AutoDDP`` deciding by
+    itself, the check runs after its probe step (which runs without DDP),
+    before DDP runs a backward. Where DDP runs the first step,
     the ranks' sites are merged after its forward and before its backward,
     never between iterations: a rank that used other parameters than its
     peers is stuck in that backward (DDP's own error comes at the next
@@ -95,9 +100,14 @@ class CheckpointConflictHook(Hook):
                 f'({type(model).__name__}); checkpointing left as it is.',
                 logger='current')
             return
+        if isinstance(model, AutoDDP):
+            # A resumed or restarted run may already know that it needs
+            # find_unused_parameters=True: DDP then runs the first step,
+            # and the conflict must be resolved before it.
+            model.apply_resumed_decision()
         act_cp.watch(model.module)
         self._channel = SideChannel.open('CheckpointConflictHook')
-        if not getattr(model, '_ddp_built', True):
+        if not getattr(model, 'ddp_built', True):
             # AutoDDP probes the first step without DDP: the check runs
             # after it, before DDP runs a backward.
             self._pending = True
@@ -120,7 +130,7 @@ class CheckpointConflictHook(Hook):
                          data_batch=None,
                          outputs=None) -> None:
         # AutoDDP builds DDP after its probe step.
-        if self._pending and getattr(runner.model, '_ddp_built', True):
+        if self._pending and getattr(runner.model, 'ddp_built', True):
             self._pending = False
             self._check(runner, runner.model)
 
@@ -194,7 +204,7 @@ class CheckpointConflictHook(Hook):
                 'CheckpointConflictHook: these modules pass '
                 'use_reentrant=True to checkpoint themselves and are left '
                 'unchanged; DDP may fail in their backward: '
-                f'{_short(stated_reentrant)}.',
+                f'{shorten(stated_reentrant)}.',
                 logger='current',
                 level=30)
         self.resolved = [
@@ -204,7 +214,7 @@ class CheckpointConflictHook(Hook):
                 'made checkpointing non-reentrant in')
         print_log(
             f'CheckpointConflictHook: {reason}; {verb} '
-            f'{len(self.resolved)} module(s): {_short(self.resolved)}.',
+            f'{len(self.resolved)} module(s): {shorten(self.resolved)}.',
             logger='current')
 
     def _refusal(self, runner, sites: List[str]) -> str:
@@ -224,16 +234,10 @@ class CheckpointConflictHook(Hook):
                 fix = f'use_reentrant=False in the checkpoint call of {site}'
             if fix not in fixes:
                 fixes.append(fix)
-        where = _short([s or '(model root)' for s in sites]) or \
+        where = shorten([s or '(model root)' for s in sites]) or \
             '(a module outside the model)'
         return (
             f'CheckpointConflictHook: reentrant activation checkpointing '
             f'conflicts with DDP ({self._reason}) in {len(sites)} '
             f'module(s): {where}. Set {", ".join(fixes) or "with_cp=False"}'
             ", or use policy='non_reentrant' to keep the memory savings.")
-
-
-def _short(names: List[str], limit: int = 8) -> str:
-    shown = ', '.join(names[:limit])
-    return shown + (f' (+{len(names) - limit} more)'
-                    if len(names) > limit else '')

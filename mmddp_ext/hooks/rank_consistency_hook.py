@@ -1,44 +1,43 @@
-"""Fail fast on diverging DDP ranks; skip non-finite steps together."""
+"""Fail fast, with one clear error, when DDP ranks diverge."""
 import logging
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 import torch.distributed as dist
-from mmengine.dist import get_comm_device
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmengine.optim import OptimWrapperDict
 from mmengine.registry import HOOKS
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..utils.side_channel import SideChannel
+from . import nonfinite_skip_hook
+from .loss_tap import add_loss_listener, remove_loss_listener
 from .rank_fingerprint import (COMPARED_FIELDS, FINGERPRINT_FIELDS, UNKNOWN,
                                RankDivergenceError, collective_count,
-                               describe_divergence, gt_boxes_in, keys_text,
-                               loss_keys_hash, ranks_text)
+                               describe_divergence, gt_boxes_in,
+                               loss_keys_hash)
 
-SKIPS_SCALAR = 'train/nonfinite_skips'
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss stayed non-finite for too many iterations in a row; raised
-    on every rank with the same message."""
+NonFiniteSkipHook = nonfinite_skip_hook.NonFiniteSkipHook
+# Defined here before non-finite step skipping became NonFiniteSkipHook;
+# importing them from here still works.
+NonFiniteLossError = nonfinite_skip_hook.NonFiniteLossError
+SKIPS_SCALAR = nonfinite_skip_hook.SKIPS_SCALAR
+DEPRECATED_SKIP_ARGS = ('skip_nonfinite', 'max_consecutive_skips')
 
 
 @HOOKS.register_module()
 class RankConsistencyHook(Hook):
-    """Fail fast, with one clear error, when DDP ranks diverge, and skip
-    optimizer steps with a non-finite loss on every rank together.
+    """Fail fast, with one clear error, when DDP ranks diverge.
 
     ``custom_hooks = [dict(type='RankConsistencyHook')]`` (``ExtRunner``
     registers it when ``mmddp_ext_cfg.rank_consistency`` is a dict).
 
     The hook needs no stage between forward and backward of its own: at
-    ``before_train`` it wraps the model's ``parse_losses``, which both
+    ``before_train`` it listens to the model's ``parse_losses``
+    (:mod:`~mmddp_ext.hooks.loss_tap`), which both
     ``MMDistributedDataParallel.train_step`` and ``AutoDDP.train_step``
-    call after the forward and before ``optim_wrapper.update_params``, and
-    the optimizer wrapper's ``step``. Both are restored at ``after_train``.
+    call after the forward and before ``optim_wrapper.update_params``. The
+    tap is removed at ``after_train``.
 
     It is a hook rather than part of ``AutoDDP`` so that it works with any
     wrapper whose ``train_step`` calls ``parse_losses`` (stock
@@ -65,46 +64,25 @@ class RankConsistencyHook(Hook):
     blocks the host, so a rank stuck in an extra one does not reach the
     check; the collective timeout ends that run.)
 
-    **Non-finite losses** (every iteration, unless ``skip_nonfinite`` is
-    False). Each rank marks its slot in a world-size vector when its total
-    loss (``parse_losses``' sum of the ``loss`` terms) is NaN/inf; one
-    all-reduce of that vector on the default group (on the GPU with NCCL,
-    launched before the backward and waited for at the step, so nothing
-    stalls in between) gives every rank the same answer. The backward still
-    runs everywhere, so DDP's collectives stay matched; if any rank was
-    non-finite, every rank then skips ``optimizer.step`` (and gradient
-    clipping) and the gradients are zeroed by ``update_params`` as usual,
-    so the replicas stay identical.
-    Rank 0 logs a warning naming the ranks and their non-finite loss keys,
-    the count goes to the message hub as ``train/nonfinite_skips`` (in
-    every log line), and the non-finite values are left out of the logged
-    losses (they would show ``nan`` for a whole smoothing window). After
-    ``max_consecutive_skips`` skipped steps in a row every rank raises
-    :class:`NonFiniteLossError`. Buffers updated in the forward (BatchNorm
-    running statistics, NaN after a NaN input) are restored on the
-    offending ranks from the lowest healthy rank by one broadcast per
-    buffer dtype (skips are rare), so validation, checkpoints and EMA
-    never see them. With gradient
-    accumulation, a non-finite loss in any accumulated iteration skips the
-    step. Skipping needs a single ``OptimWrapper``; with an
-    ``OptimWrapperDict`` only the consistency checks run.
+    Skipping steps with a non-finite loss is :class:`NonFiniteSkipHook`'s
+    job (``mmddp_ext_cfg.nonfinite_skip``).
 
-    Cost: the all-reduce of one float per rank per iteration, plus, on a
-    checked iteration, an all-gather of six integers per rank.
+    Cost: on a checked iteration, an all-gather of six integers per rank.
 
     Args:
         check_first (int): Check the fingerprints in the first
             ``check_first`` iterations of the run (divergence usually shows
             at once). Defaults to 10.
         check_every (int): After those, check every ``check_every``-th
-            iteration; 0 checks no more (with ``check_first=0`` as well,
-            only non-finite losses are handled). Defaults to 50.
-        skip_nonfinite (bool): Check the loss for NaN/inf in every
-            iteration and skip the step on every rank when any rank's is.
-            Defaults to True.
-        max_consecutive_skips (int): Stop training with
-            :class:`NonFiniteLossError` once this many steps in a row were
-            skipped. Defaults to 5.
+            iteration; 0 checks no more. Defaults to 50.
+        skip_nonfinite (bool, optional): Deprecated: skipping is
+            :class:`NonFiniteSkipHook`'s job. Unless False, a
+            :class:`NonFiniteSkipHook` runs inside this hook, with a
+            warning, when the runner has none of its own (as before the
+            split). Defaults to None.
+        max_consecutive_skips (int, optional): Deprecated: the argument of
+            that :class:`NonFiniteSkipHook`. Defaults to None (its
+            default, 5).
     """
 
     priority = 'VERY_HIGH'
@@ -112,8 +90,8 @@ class RankConsistencyHook(Hook):
     def __init__(self,
                  check_first: int = 10,
                  check_every: int = 50,
-                 skip_nonfinite: bool = True,
-                 max_consecutive_skips: int = 5) -> None:
+                 skip_nonfinite: Optional[bool] = None,
+                 max_consecutive_skips: Optional[int] = None) -> None:
         _check_int(
             'check_first',
             check_first,
@@ -125,24 +103,22 @@ class RankConsistencyHook(Hook):
             minimum=0,
             meaning='check every N-th iteration after check_first, 0 for '
             'never')
-        _check_int(
-            'max_consecutive_skips',
-            max_consecutive_skips,
-            minimum=1,
-            meaning='skipped steps in a row that stop '
-            'training')
-        if not isinstance(skip_nonfinite, bool):
+        if not isinstance(skip_nonfinite, (bool, type(None))):
             raise TypeError(
                 'RankConsistencyHook: skip_nonfinite must be True (skip '
                 'non-finite steps on every rank) or False, but got '
                 f'{skip_nonfinite!r} ({type(skip_nonfinite).__name__}).')
         self.check_first = check_first
         self.check_every = check_every
-        self.skip_nonfinite = skip_nonfinite
-        self.max_consecutive_skips = max_consecutive_skips
         self.checks = 0
-        self.total_skips = 0
-        self.consecutive_skips = 0
+        # Deprecated: skipping inside this hook, for configs from before
+        # NonFiniteSkipHook; used at before_train unless the runner has one.
+        self._legacy_skip: Optional[NonFiniteSkipHook] = None
+        if skip_nonfinite is not False:
+            self._legacy_skip = NonFiniteSkipHook(
+                **({} if max_consecutive_skips is None else dict(
+                    max_consecutive_skips=max_consecutive_skips)))
+        self.nonfinite_skip: Optional[NonFiniteSkipHook] = None
         self._iters_seen = 0
         self._iteration = 0
         self._check_now = False
@@ -150,43 +126,46 @@ class RankConsistencyHook(Hook):
         self._collectives_at_start = UNKNOWN
         self._side: Optional[SideChannel] = None
         self._world_size = 1
-        self._rank = 0
-        self._comm_device = torch.device('cpu')
-        self._pending_flags: List[Tuple[torch.Tensor, Any]] = []
-        self._pending_log_vars: List[dict] = []
-        # From iterations that ended without a step (gradient accumulation).
-        self._carried_ranks: Set[int] = set()
-        self._carried_keys: Set[str] = set()
-        self._patched: List[Tuple[Any, str, Any]] = []
-        self._message_hub = None
         self._model = None
         self._saw_losses = False
         self._in_train_iter = False
+
+    @property
+    def total_skips(self) -> int:
+        """Steps skipped by the deprecated skipping in this hook."""
+        skip = self.nonfinite_skip
+        return 0 if skip is None else skip.total_skips
 
     # ---------------------------------------------------------------- hooks
     def before_train(self, runner) -> None:
         model = runner.model.module if is_model_wrapper(
             runner.model) else runner.model
         self._model = model
-        self._message_hub = runner.message_hub
         if dist.is_available() and dist.is_initialized():
             self._world_size = dist.get_world_size()
-            self._rank = dist.get_rank()
         if self._world_size > 1:
-            self._comm_device = get_comm_device()
             self._side = SideChannel.open('RankConsistencyHook')
-        self._patch(model, 'parse_losses', self._checked_parse_losses)
-        if self.skip_nonfinite:
-            self._guard_steps(runner)
+        add_loss_listener(model, self._on_losses)
         checks = (f'comparing {self._world_size} ranks in the first '
                   f'{self.check_first} iterations and every '
                   f'{self.check_every} iterations after, over the '
                   f'{self._side.kind}' if self._side is not None else
                   'a single process: nothing to compare')
-        skips = (f'; a non-finite loss skips the step on every rank '
-                 f'(training stops after {self.max_consecutive_skips} in a '
-                 'row)' if self.skip_nonfinite else '')
-        print_log(f'RankConsistencyHook: {checks}{skips}.', logger='current')
+        print_log(f'RankConsistencyHook: {checks}.', logger='current')
+        if self._legacy_skip is not None and not any(
+                isinstance(hook, NonFiniteSkipHook)
+                for hook in getattr(runner, 'hooks', [])):
+            print_log(
+                'RankConsistencyHook: skipping non-finite steps in this hook '
+                "is deprecated; it is NonFiniteSkipHook's job "
+                "(custom_hooks=[dict(type='NonFiniteSkipHook')], or "
+                'mmddp_ext_cfg.nonfinite_skip=dict() with ExtRunner). It '
+                'runs here for now; set skip_nonfinite=False here once '
+                'NonFiniteSkipHook is on, or to stop skipping.',
+                logger='current',
+                level=logging.WARNING)
+            self.nonfinite_skip = self._legacy_skip
+            self.nonfinite_skip.before_train(runner)
 
     def before_train_iter(self,
                           runner,
@@ -203,6 +182,9 @@ class RankConsistencyHook(Hook):
             if self._side is not None:
                 self._collectives_at_start = collective_count(
                     dist.distributed_c10d._get_default_group())
+        if self.nonfinite_skip is not None:
+            self.nonfinite_skip.before_train_iter(runner, batch_idx,
+                                                  data_batch)
 
     def after_train_iter(self,
                          runner,
@@ -211,10 +193,9 @@ class RankConsistencyHook(Hook):
                          outputs: Optional[dict] = None) -> None:
         self._batch = None
         self._in_train_iter = False
-        if self._pending_flags:  # no step yet: keep a summary, not tensors
-            self._carried_ranks.update(self._nonfinite_ranks())
-            self._carried_keys.update(_nonfinite_keys(self._pending_log_vars))
-            self._pending_log_vars = []
+        if self.nonfinite_skip is not None:
+            self.nonfinite_skip.after_train_iter(
+                runner, batch_idx, data_batch=data_batch, outputs=outputs)
         if self._iters_seen == 1 and not self._saw_losses:
             print_log(
                 "RankConsistencyHook: the model's train_step did not call "
@@ -225,71 +206,23 @@ class RankConsistencyHook(Hook):
                 level=logging.WARNING)
 
     def after_train(self, runner) -> None:
-        for owner, name, previous in reversed(self._patched):
-            if previous is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, previous)
-        self._patched = []
+        remove_loss_listener(self._model, self._on_losses)
         print_log(
             f'RankConsistencyHook: {self.checks} consistency check(s) '
-            f'passed; {self.total_skips} step(s) skipped for a non-finite '
-            'loss.',
+            'passed.',
             logger='current')
+        if self.nonfinite_skip is not None:
+            self.nonfinite_skip.after_train(runner)
 
-    # ------------------------------------------------------------- wrapping
-    def _guard_steps(self, runner) -> None:
-        optim_wrapper = runner.optim_wrapper
-        if isinstance(optim_wrapper, OptimWrapperDict):
-            self.skip_nonfinite = False
-            print_log(
-                'RankConsistencyHook: skipping non-finite steps needs a '
-                'single OptimWrapper, but optim_wrapper is an '
-                'OptimWrapperDict; only the consistency checks run.',
-                logger='current',
-                level=logging.WARNING)
-            return
-        self._patch(optim_wrapper, 'step', self._guarded_step)
-        self._message_hub.update_scalar(SKIPS_SCALAR, 0)
-
-    def _patch(self, owner: Any, name: str, replacement: Callable) -> None:
-        """Shadow ``owner.name`` with an instance attribute that calls the
-        current one; ``after_train`` restores it."""
-        original = getattr(owner, name)
-        self._patched.append((owner, name, owner.__dict__.get(name)))
-
-        def patched(*args, **kwargs):
-            return replacement(original, *args, **kwargs)
-
-        setattr(owner, name, patched)
-
-    def _checked_parse_losses(self, original: Callable, losses: dict, *args,
-                              **kwargs):
-        parsed_loss, log_vars = original(losses, *args, **kwargs)
+    # ---------------------------------------------------------- consistency
+    def _on_losses(self, losses: dict, parsed_loss: Any,
+                   log_vars: dict) -> None:
         if not self._in_train_iter:
-            return parsed_loss, log_vars
+            return
         self._saw_losses = True
         if self._check_now and self._side is not None:
             self._check_fingerprints(losses)
-        if self.skip_nonfinite:
-            self._reduce_nonfinite_flags(parsed_loss)
-            self._pending_log_vars.append(log_vars)
-        return parsed_loss, log_vars
 
-    def _guarded_step(self, original: Callable, *args, **kwargs):
-        bad_ranks = self._carried_ranks.union(self._nonfinite_ranks())
-        log_vars, self._pending_log_vars = self._pending_log_vars, []
-        if not bad_ranks:
-            self.consecutive_skips = 0
-            return original(*args, **kwargs)
-        local_keys = self._carried_keys.union(_nonfinite_keys(log_vars))
-        self._carried_ranks, self._carried_keys = set(), set()
-        for parsed in log_vars:  # keep nan out of the smoothed log values
-            for key in local_keys:
-                parsed.pop(key, None)
-        self._skip_step(sorted(bad_ranks), local_keys)
-
-    # ---------------------------------------------------------- consistency
     def _fingerprint(self, losses: dict) -> Dict[str, int]:
         collectives = UNKNOWN
         if self._collectives_at_start != UNKNOWN:
@@ -318,106 +251,6 @@ class RankConsistencyHook(Hook):
         details = self._side.all_gather_object(
             dict(local, loss_keys=sorted(losses)))
         raise RankDivergenceError(describe_divergence(details))
-
-    # ----------------------------------------------------------- non-finite
-    def _reduce_nonfinite_flags(self, parsed_loss: Any) -> None:
-        """Launch the all-reduce of this rank's non-finite flag. It is not
-        waited for until the step, so the backward need not wait for the
-        slowest rank's forward (DDP's all-reduces follow it in order)."""
-        flags = torch.zeros(self._world_size, device=self._comm_device)
-        if isinstance(parsed_loss, torch.Tensor):
-            nonfinite = torch.isfinite(
-                parsed_loss.detach()).all().logical_not()
-            flags[self._rank] = nonfinite.to(flags)
-        work = None
-        if self._world_size > 1:
-            work = dist.all_reduce(flags, async_op=True)
-        self._pending_flags.append((flags, work))
-
-    def _nonfinite_ranks(self) -> List[int]:
-        """Ranks whose loss was non-finite in any iteration since the last
-        step (several with gradient accumulation)."""
-        pending, self._pending_flags = self._pending_flags, []
-        bad = set()
-        for flags, work in pending:
-            if work is not None:
-                work.wait()
-            bad.update(int(r) for r in flags.nonzero().flatten().tolist())
-        return sorted(bad)
-
-    def _skip_step(self, bad_ranks: List[int], local_keys: Set[str]) -> None:
-        self.total_skips += 1
-        self.consecutive_skips += 1
-        if len(local_keys) > 1:
-            local_keys = local_keys - {'loss'}  # the total; terms are named
-        names = sorted(local_keys)
-        per_rank: List[Any] = [names]
-        if self._side is not None:
-            per_rank = self._side.all_gather_object(names)
-        where = '; '.join(f'rank {r}: {keys_text(per_rank[r]) or "loss"}'
-                          for r in bad_ranks)
-        self._message_hub.update_scalar(SKIPS_SCALAR, self.total_skips)
-        restored = self._restore_buffers(bad_ranks)
-        if self.consecutive_skips >= self.max_consecutive_skips:
-            raise NonFiniteLossError(
-                f'RankConsistencyHook: {self.consecutive_skips} optimizer '
-                'steps in a row were skipped for a non-finite (NaN/inf) '
-                f'loss, the last in iteration {self._iteration} ({where}); '
-                'every rank stops here. Lower the learning rate or enable '
-                'gradient clipping (optim_wrapper.clip_grad), check the '
-                'data of those iterations (degenerate boxes), or raise '
-                'max_consecutive_skips of RankConsistencyHook to tolerate '
-                'more.')
-        print_log(
-            f'RankConsistencyHook: non-finite loss in iteration '
-            f'{self._iteration} ({where}); skipped this optimizer step on '
-            f'every rank ({self.consecutive_skips} in a row, '
-            f'{self.total_skips} in total; training stops after '
-            f'{self.max_consecutive_skips} in a row){restored}.',
-            logger='current',
-            level=logging.WARNING)
-
-    def _restore_buffers(self, bad_ranks: List[int]) -> str:
-        """Copy the model's buffers from the lowest healthy rank to the
-        offending ones (their forward may have left BatchNorm running
-        statistics NaN; with ``broadcast_buffers=False`` nothing else would
-        repair them). Every rank takes part in the broadcast, which runs on
-        the default group: the backward has finished on every rank.
-
-        Returns:
-            str: What was done, for the log line.
-        """
-        buffers = [b for b in self._model.buffers() if b.numel()]
-        if self._world_size == 1 or not buffers:
-            return ''
-        healthy = [r for r in range(self._world_size) if r not in bad_ranks]
-        if not healthy:
-            return ('; every rank was non-finite, so buffers such as '
-                    'BatchNorm running statistics may stay non-finite')
-        source = healthy[0]
-        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-        for buffer in buffers:
-            by_dtype.setdefault(buffer.dtype, []).append(buffer)
-        with torch.no_grad():
-            for group in by_dtype.values():
-                flat = _flatten_dense_tensors(group)
-                dist.broadcast(flat, src=source)
-                if self._rank in bad_ranks:
-                    for buffer, synced in zip(
-                            group, _unflatten_dense_tensors(flat, group)):
-                        buffer.copy_(synced)
-        return (f'; buffers of {ranks_text(bad_ranks)} restored from rank '
-                f'{source}')
-
-
-def _nonfinite_keys(log_vars: List[dict]) -> Set[str]:
-    """Keys of this rank's logged losses that are NaN/inf."""
-    return {
-        key
-        for parsed in log_vars
-        for key, value in parsed.items() if isinstance(value, torch.Tensor)
-        and not bool(torch.isfinite(value).all())
-    }
 
 
 def _check_int(key: str, value: Any, minimum: int, meaning: str) -> None:

@@ -5,6 +5,7 @@ from collections import Counter
 from typing import Any, Dict, List, Sequence, Tuple
 
 from ..datasets.empty_gt_guard_collate import num_gt_instances
+from ..utils.text import ranks_text, shorten
 
 # The fingerprint of a checked iteration, in the order of its tensor. The
 # ranks must agree on every field but ``gt_boxes``, which only explains a
@@ -32,18 +33,8 @@ def loss_keys_hash(keys: Sequence[str]) -> int:
     return zlib.crc32('\n'.join(sorted(keys)).encode())
 
 
-def ranks_text(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return f'rank {ranks[0]}'
-    return 'ranks ' + ', '.join(str(r) for r in ranks)
-
-
 def keys_text(keys: Sequence[str]) -> str:
-    keys = sorted(keys)
-    shown = ', '.join(keys[:MAX_LISTED_KEYS])
-    more = len(keys) - MAX_LISTED_KEYS
-    return shown + (f' (+{more} more)' if more > 0 else '')
+    return shorten(sorted(keys), MAX_LISTED_KEYS)
 
 
 def _per_rank(values: Sequence[Any]) -> str:

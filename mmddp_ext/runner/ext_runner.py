@@ -1,13 +1,16 @@
 import copy
 import inspect
 import logging
-from typing import Dict, List, Optional, Union
+import os
+import os.path as osp
+import sys
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch.distributed as dist
 import torch.nn as nn
 from mmengine.device import get_device
-from mmengine.dist import (all_gather_object, get_rank, get_world_size,
-                           is_distributed)
+from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
+                           get_world_size, is_distributed)
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
@@ -21,8 +24,16 @@ from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
 from ..utils.dist_env import (check_launch_environment, init_distributed,
                               rank_device)
-from ..wrappers.auto_ddp import UnexpectedUnusedParameterError
-from ..wrappers.auto_ddp_restart import keep_need_for_restart
+from ..utils.run_record import read_record, write_record
+from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
+                                 UnexpectedUnusedParameterError)
+from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
+                                         read_need)
+from .ddp_setup import (checked_ext_cfg, resolve_ddp_setup,
+                        train_collate_cfg)
+from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
+                          choose_start, peek_is_training_checkpoint,
+                          restart_count)
 
 # mmddp_ext_cfg keys and their values when the key is absent.
 EXT_CFG_DEFAULTS = dict(
@@ -31,8 +42,11 @@ EXT_CFG_DEFAULTS = dict(
     empty_gt_guard=None,
     empty_gt_stats=False,
     finite_predictions=True,
+    nonfinite_skip=None,
     rank_consistency=None,
 )
+# rank_consistency keys that belong to nonfinite_skip since the split.
+_SKIP_KEYS_IN_RANK_CONSISTENCY = ('skip_nonfinite', 'max_consecutive_skips')
 # AmpOptimWrapper keys a plain OptimWrapper does not take.
 AMP_ONLY_KEYS = ('loss_scale', 'dtype', 'use_fsdp')
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
@@ -57,7 +71,9 @@ class ExtRunner(Runner):
     - ``wrap_model``: passes ``device_ids`` to a DDP wrapper only for a
       model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
       uses ``AutoDDP`` when no wrapper is configured and
-      ``mmddp_ext_cfg.auto_ddp`` is on. ``sync_bn`` is skipped, with a
+      ``mmddp_ext_cfg.auto_ddp`` is on (which setting wins is decided by
+      :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup`, which the DDP
+      doctor reads too). ``sync_bn`` is skipped, with a
       warning, on CPU ranks: torch's ``SyncBatchNorm`` runs on GPUs only,
       so stock converts the model and its first forward raises.
     - ``build_optim_wrapper``: an ``AmpOptimWrapper`` becomes a plain
@@ -78,13 +94,32 @@ class ExtRunner(Runner):
       only tensors and plain types), :class:`RankStatusHook`, and the hooks
       that ``mmddp_ext_cfg`` switches on, unless the config lists them.
     - ``load_checkpoint``: reads local files with ``weights_only=True``.
+    - ``load_or_resume`` (when training starts): one rule for every
+      launch, torchrun restart and resume
+      (:func:`~mmddp_ext.runner.start_point.choose_start`): the run
+      continues from the newest of its own latest checkpoint and what it
+      was started with (``load_from``, or the checkpoint ``--resume``
+      named). A fine-tune restarted before its first checkpoint loads its
+      ``load_from`` again (stock auto-resume found no checkpoint and
+      trained from random weights); one restarted after a checkpoint
+      resumes from it without loading ``load_from`` on top. Rank 0 decides,
+      every rank logs which file it loaded and why. A stored AutoDDP
+      decision (the resumed checkpoint's, or the need the work dir records
+      from a run stopped before its first checkpoint) is applied at once,
+      before any hook's ``before_train``.
     - ``train``: when a collective times out, re-raises with every rank's
       last reported iteration and phase; when AutoDDP stops every rank for
-      parameters gone unused, records in the latest checkpoint that the
-      run needs ``find_unused_parameters=True`` (so a restart resumes that
-      way).
+      parameters gone unused, records in the work dir that the run needs
+      ``find_unused_parameters=True`` (so a restart builds DDP that way).
 
     Config keys it reads besides ``Runner``'s:
+
+    - resume (bool | str): ``False`` (default): a new run, from
+      ``load_from`` if set. ``'auto'`` (``tools/train.py --resume``):
+      continue from the work dir's latest checkpoint, else start from
+      ``load_from``. ``True``: as MMEngine, resume from ``load_from`` when
+      it is a training checkpoint (``--resume PATH``); when ``load_from``
+      holds weights only (a pretrained model) or is unset, as ``'auto'``.
 
     - trusted_checkpoints (list[str]): Checkpoint paths that may be loaded
       with ``weights_only=False`` if the safe load refuses them (files from
@@ -109,34 +144,30 @@ class ExtRunner(Runner):
         boxes) and a warning says how many there were. Defaults to True
         (the only key on without the base file: it changes no finite
         prediction).
+      - nonfinite_skip (dict | None): keyword arguments of
+        ``NonFiniteSkipHook`` (a NaN/inf loss on any rank skips that step on
+        every rank).
       - rank_consistency (dict | None): keyword arguments of
-        ``RankConsistencyHook``.
+        ``RankConsistencyHook``. A config that sets it but not
+        ``nonfinite_skip`` (written before the two were split) keeps
+        skipping non-finite steps, with the old ``skip_nonfinite`` and
+        ``max_consecutive_skips`` keys, and a warning naming
+        ``nonfinite_skip``.
     """
 
     def __init__(self, *args, **kwargs):
         self._check_class_counts(*args, **kwargs)
         super().__init__(*args, **kwargs)
-        guard = self.ext_cfg['empty_gt_guard']
         loader = self._train_dataloader
-        if (guard is not None and isinstance(loader, dict)
-                and loader.get('collate_fn') is None):
-            self._train_dataloader = dict(
-                loader,
-                collate_fn=dict(type='empty_gt_guard_collate', **guard))
+        if isinstance(loader, dict):
+            collate = train_collate_cfg(loader, self.ext_cfg)
+            if collate is not loader.get('collate_fn'):
+                self._train_dataloader = dict(loader, collate_fn=collate)
 
     @property
     def ext_cfg(self) -> dict:
         """``mmddp_ext_cfg`` from the config, checked, with defaults."""
-        given = self.cfg.get('mmddp_ext_cfg') or {}
-        if not isinstance(given, dict):
-            raise TypeError('mmddp_ext_cfg must be a dict, but got '
-                            f'{type(given).__name__}.')
-        unknown = sorted(set(given) - set(EXT_CFG_DEFAULTS))
-        if unknown:
-            raise ValueError(
-                f'mmddp_ext_cfg has unknown key(s) {unknown}; accepted keys '
-                f'are {sorted(EXT_CFG_DEFAULTS)}.')
-        return dict(EXT_CFG_DEFAULTS, **given)
+        return checked_ext_cfg(self.cfg.get('mmddp_ext_cfg'), EXT_CFG_DEFAULTS)
 
     def _check_class_counts(self, *args, **kwargs) -> None:
         """Run the class-count check on ``Runner.__init__``'s ``model`` and
@@ -212,19 +243,12 @@ class ExtRunner(Runner):
                    model: nn.Module) -> nn.Module:
         if not self.distributed or is_model_wrapper(model):
             return super().wrap_model(model_wrapper_cfg, model)
-        find_unused = self.cfg.get('find_unused_parameters', None)
-        if model_wrapper_cfg is None and self.ext_cfg['auto_ddp']:
-            model_wrapper_cfg = dict(
-                type='AutoDDP',
-                broadcast_buffers=False,
-                find_unused_parameters=find_unused)
-        elif model_wrapper_cfg is None:
-            # The arguments stock Runner uses when no wrapper is configured.
-            model_wrapper_cfg = dict(
-                type='MMDistributedDataParallel',
-                broadcast_buffers=False,
-                find_unused_parameters=bool(find_unused))
-        if self.cfg.get('sync_bn', None) is not None and get_device() == 'cpu':
+        setup = resolve_ddp_setup(
+            self.cfg,
+            self.ext_cfg,
+            device=get_device(),
+            model_wrapper_cfg=model_wrapper_cfg)
+        if setup.sync_bn_skipped:
             print_log(
                 f'ExtRunner: sync_bn={self.cfg.sync_bn!r} skipped: torch\'s '
                 'SyncBatchNorm runs on GPUs only, so each CPU rank keeps its '
@@ -233,8 +257,7 @@ class ExtRunner(Runner):
                 logger='current',
                 level=logging.WARNING)
             self.cfg.sync_bn = None
-        model_wrapper_cfg = copy.deepcopy(dict(model_wrapper_cfg))
-        model_wrapper_cfg.setdefault('type', 'MMDistributedDataParallel')
+        model_wrapper_cfg = setup.wrapper_cfg
         wrapper_type = MODEL_WRAPPERS.get(model_wrapper_cfg['type'])
         if isinstance(wrapper_type, type) and issubclass(
                 wrapper_type, DistributedDataParallel):
@@ -283,9 +306,7 @@ class ExtRunner(Runner):
                 f'({type(ext["finite_predictions"]).__name__}).')
         if ext['finite_predictions']:
             wanted.append(('FinitePredictionsHook', {}))
-        if ext['rank_consistency'] is not None:
-            wanted.append(('RankConsistencyHook',
-                           dict(ext['rank_consistency'])))
+        wanted += self._consistency_and_skip_hooks(ext)
         for hook_type, kwargs in wanted:
             cls = HOOKS.get(hook_type) if isinstance(hook_type,
                                                      str) else hook_type
@@ -296,11 +317,126 @@ class ExtRunner(Runner):
             if not any(isinstance(h, cls) for h in self._hooks):
                 self.register_hook(cls(**kwargs))
 
+    def _consistency_and_skip_hooks(self, ext: dict) -> list:
+        """RankConsistencyHook and NonFiniteSkipHook as ``mmddp_ext_cfg``
+        asks, reading a config from before their split as it was meant."""
+        wanted = []
+        checks, skip = ext['rank_consistency'], ext['nonfinite_skip']
+        if checks is not None:
+            checks = dict(checks)
+            old = {
+                key: checks.pop(key)
+                for key in _SKIP_KEYS_IN_RANK_CONSISTENCY if key in checks
+            }
+            given = self.cfg.get('mmddp_ext_cfg') or {}
+            if 'nonfinite_skip' not in given:
+                if old.pop('skip_nonfinite', True):
+                    skip = old
+                print_log(
+                    'ExtRunner: mmddp_ext_cfg.rank_consistency no longer '
+                    'switches non-finite step skipping on or off; '
+                    'NonFiniteSkipHook does that, under '
+                    'mmddp_ext_cfg.nonfinite_skip. This config does not set '
+                    'it, so skipping stays as it was '
+                    f"({'on, ' + repr(skip) if skip is not None else 'off'})"
+                    ': set mmddp_ext_cfg.nonfinite_skip=dict(...) (None: '
+                    'off) and remove skip_nonfinite/max_consecutive_skips '
+                    'from rank_consistency.',
+                    logger='current',
+                    level=logging.WARNING)
+            elif old:
+                print_log(
+                    f'ExtRunner: mmddp_ext_cfg.rank_consistency sets {old}, '
+                    'which belong to mmddp_ext_cfg.nonfinite_skip now; '
+                    'ignored, as nonfinite_skip is set.',
+                    logger='current',
+                    level=logging.WARNING)
+            # Skipping is NonFiniteSkipHook's, registered below if wanted.
+            wanted.append(('RankConsistencyHook',
+                           dict(checks, skip_nonfinite=False)))
+        if skip is not None:
+            wanted.append(('NonFiniteSkipHook', dict(skip)))
+        return wanted
+
     def load_checkpoint(self, filename: str, *args, **kwargs):
         with safe_checkpoint_loading(self.cfg.get('trusted_checkpoints')):
             return super().load_checkpoint(filename, *args, **kwargs)
 
+    def load_or_resume(self) -> None:
+        """Differs from ``Runner.load_or_resume`` when training starts: the
+        start follows :func:`~mmddp_ext.runner.start_point.choose_start`
+        (see the class docstring), rank 0 decides it for every rank, each
+        rank logs it, and AutoDDP applies a stored decision before the
+        first step. Validation and testing load as stock."""
+        if self._has_loaded or not self._training_starts:
+            return super().load_or_resume()
+        check_resume(self._resume)
+        start, need = self._agree_on_start()
+        _log_on_every_rank(f'ExtRunner (rank {self.rank}/{self.world_size})'
+                           f'{_restart_text()}: {start.describe()}.')
+        # What the runner loads, for hooks that read them (EMAHook swaps
+        # its weights in after_load_checkpoint only for a resume).
+        self._resume = start.action == 'resume'
+        self._load_from = start.path
+        if start.action == 'resume':
+            self.resume(start.path)
+        elif start.action == 'load':
+            self.load_checkpoint(start.path)
+        self._has_loaded = True
+        kept = self.message_hub.get_info(DECISION_INFO_KEY) or {}
+        if need is not None and not kept.get('find_unused_parameters'):
+            # Learnt after the checkpoint it resumed, or with none written.
+            self.message_hub.update_info(DECISION_INFO_KEY, need)
+        if isinstance(self.model, AutoDDP):
+            self.model.apply_resumed_decision()
+
+    def _agree_on_start(self) -> Tuple[StartPoint, Optional[dict]]:
+        """Rank 0's start and AutoDDP need, on every rank (a failure on rank
+        0 is raised on every rank)."""
+        decided: List = [None]
+        if self.rank == 0:
+            try:
+                decided = [self._decide_start()]
+            except (OSError, ValueError) as error:
+                decided = [f'{type(error).__name__}: {error}']
+        broadcast_object_list(decided)
+        if isinstance(decided[0], str):
+            raise ValueError(
+                f'ExtRunner (rank {self.rank}): rank 0 could not work out '
+                f'where training starts: {decided[0]}')
+        return decided[0]
+
+    def _decide_start(self) -> Tuple[StartPoint, Optional[dict]]:
+        """Apply the rule to the work dir; keep its record; find the
+        AutoDDP need of the run this launch continues, if any."""
+        work_dir = self.work_dir
+        last = osp.join(work_dir, 'last_checkpoint')
+        latest = None
+        if osp.isfile(last):
+            with open(last) as f:
+                latest = checkpoint_stamp(f.read().strip() or None)
+        trusted = self.cfg.get('trusted_checkpoints')
+        start, record = choose_start(
+            self._resume,
+            self._load_from,
+            latest,
+            restart=restart_count(),
+            record=read_record(work_dir, RECORD),
+            is_training_checkpoint=lambda path: peek_is_training_checkpoint(
+                path, trusted))
+        if record is not None:
+            write_record(work_dir, RECORD, record)
+            if not record['inputs']['resume']:  # a new run
+                forget_need(work_dir)
+                return start, None
+        return start, read_need(work_dir)
+
+    @property
+    def _training_starts(self) -> bool:
+        return getattr(self, '_in_train', False)
+
     def train(self) -> nn.Module:
+        self._in_train = True
         try:
             return super().train()
         except UnexpectedUnusedParameterError as error:
@@ -322,3 +458,23 @@ class ExtRunner(Runner):
                 '(different loss keys, a skipped branch, an extra '
                 'collective); see that rank\'s log. The timeout is '
                 'env_cfg.dist_cfg.timeout (seconds).') from error
+
+
+def _restart_text() -> str:
+    restarts = restart_count()
+    if not restarts:
+        return ''
+    limit = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')
+    return (f', restart {restarts} of at most {limit} (torchrun restarted '
+            'every rank after one failed or was killed; its exit is '
+            'reported above)')
+
+
+def _log_on_every_rank(message: str) -> None:
+    """Log ``message`` on every rank: MMEngine's logger shows the other
+    ranks' INFO lines nowhere on the console (and writes their log files
+    only with ``log_level='DEBUG'``), so they print it as well."""
+    print_log(message, logger='current')
+    if get_rank() != 0:
+        print_log(message, logger=None)
+        sys.stdout.flush()

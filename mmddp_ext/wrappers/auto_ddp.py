@@ -9,13 +9,13 @@ from mmengine.logging import MessageHub, print_log
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 
+from ..utils.ddp_averaging import average_gradients, broadcast_from_rank0
 from ..utils.dist_env import ddp_device_ids
 from ..utils.side_channel import SideChannel
+from ..utils.text import group_param_names, ranks_text
 
-MAX_LOGGED_GROUPS = 8
 # The decision is kept in the message hub under this key, so every
 # checkpoint carries it and ``--resume`` restores it.
 DECISION_INFO_KEY = 'autoddp'
@@ -24,23 +24,6 @@ DECISION_INFO_KEY = 'autoddp'
 WOKE_LOG_EVERY = 100
 
 NamedParams = List[Tuple[str, nn.Parameter]]
-
-
-def group_param_names(names: Sequence[str],
-                      max_groups: int = MAX_LOGGED_GROUPS) -> str:
-    """``'head.{a,b}, neck.w (+3 more modules)'``: names grouped by their
-    owning module, truncated to ``max_groups`` modules."""
-    groups: Dict[str, List[str]] = OrderedDict()
-    for name in names:
-        prefix, _, leaf = name.rpartition('.')
-        groups.setdefault(prefix, []).append(leaf)
-    parts = []
-    for prefix, leaves in list(groups.items())[:max_groups]:
-        leaf = leaves[0] if len(leaves) == 1 else '{' + ','.join(leaves) + '}'
-        parts.append(f'{prefix}.{leaf}' if prefix else leaf)
-    if len(groups) > max_groups:
-        parts.append(f'(+{len(groups) - max_groups} more modules)')
-    return ', '.join(parts)
 
 
 def ddp_ignore_names(module: nn.Module,
@@ -61,13 +44,6 @@ def ddp_ignore_names(module: nn.Module,
             if id(param) in wanted:
                 names.add(f'{module_name}.{param_name}')
     return sorted(names)
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return f'rank {ranks[0]}'
-    return 'ranks ' + ', '.join(str(r) for r in ranks)
 
 
 class UnexpectedUnusedParameterError(RuntimeError):
@@ -126,7 +102,10 @@ class AutoDDP(MMDistributedDataParallel):
     The decision is kept in :attr:`autoddp_decision` (read by
     ``CheckpointConflictHook``) and in the message hub, so checkpoints
     carry it. A run resumed from a checkpoint that records a need for
-    ``find_unused_parameters=True`` builds DDP that way without probing.
+    ``find_unused_parameters=True`` (or restarted in a work dir that
+    records it, see :mod:`~mmddp_ext.wrappers.auto_ddp_restart`) builds DDP
+    that way without probing, before its first step
+    (:meth:`apply_resumed_decision`).
 
     Args:
         module (nn.Module): Model to wrap.
@@ -197,6 +176,14 @@ class AutoDDP(MMDistributedDataParallel):
             param.register_post_accumulate_grad_hook(lambda p: used.add(id(p)))
 
     # ------------------------------------------------------------------ api
+    @property
+    def ddp_built(self) -> bool:
+        """Whether DDP runs the training steps yet: False until AutoDDP has
+        decided (during its probe step the model runs without DDP), True
+        from then on, and from the start with a given
+        ``find_unused_parameters`` or a resumed decision."""
+        return self._ddp_built
+
     def forward(self, *inputs, **kwargs):
         """Before DDP is built (the probe step), call the model directly,
         so that hooks registered on this wrapper run in every step."""
@@ -209,8 +196,7 @@ class AutoDDP(MMDistributedDataParallel):
         """Differs from ``MMDistributedDataParallel.train_step`` in running
         the first step as a probe (no DDP yet) when the flag is unset, and in
         hooking the loss so that a check runs at the end of its backward."""
-        if not self._ddp_built and not self._probe_started:
-            self._resume_decision()
+        self.apply_resumed_decision()
         probing = not self._ddp_built
         if probing and not self._probe_started:
             self._probe_started = True
@@ -267,28 +253,12 @@ class AutoDDP(MMDistributedDataParallel):
     def _broadcast_module_states(self) -> None:
         """Start from rank 0's weights, as ``DistributedDataParallel``'s
         constructor does (the probe runs before it)."""
-        with torch.no_grad():
-            for tensor in list(self.module.parameters()) + list(
-                    self.module.buffers()):
-                dist.broadcast(tensor.data, src=0)
+        broadcast_from_rank0(self.module)
 
     def _average_grads(self, params: List[nn.Parameter]) -> None:
         """Average ``params``' gradients across ranks like DDP: missing ones
         count as zeros, each is divided by the world size before the sum."""
-        if not params:
-            return
-        world_size = dist.get_world_size()
-        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = OrderedDict()
-        for param in params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
-        for grads in by_dtype.values():
-            flat = _flatten_dense_tensors(grads).div_(world_size)
-            dist.all_reduce(flat)
-            for grad, synced in zip(grads,
-                                    _unflatten_dense_tensors(flat, grads)):
-                grad.copy_(synced)
+        average_gradients(params)
 
     # ---------------------------------------------------------------- probe
     def _after_probe_backward(self, syncs: bool) -> None:
@@ -374,22 +344,41 @@ class AutoDDP(MMDistributedDataParallel):
             f"{decision['reason']}.",
             logger='current')
 
-    def _resume_decision(self) -> None:
-        """Build DDP with ``find_unused_parameters=True`` at once when the
-        resumed checkpoint records that the run needs it."""
+    def apply_resumed_decision(self) -> bool:
+        """Build DDP with ``find_unused_parameters=True`` now if the message
+        hub records that this run needs it (a resumed checkpoint, or
+        ``ExtRunner`` from the work dir's record after a restart).
+
+        Call it once the run has loaded its checkpoint and before its first
+        step (``ExtRunner.load_or_resume`` does, and
+        ``CheckpointConflictHook`` at ``before_train``), so that hooks see
+        DDP as the first step will run it; ``train_step`` calls it too.
+        Does nothing once DDP is built or probing has begun.
+
+        Returns:
+            bool: Whether DDP was built now.
+        """
+        if self._ddp_built or self._probe_started:
+            return False
         hub = MessageHub.get_current_instance()
         kept = hub.get_info(DECISION_INFO_KEY) or {}
         if not kept.get('find_unused_parameters'):
-            return
+            return False
         self._init_ddp(True)
+        stored = dict(kept)
+        source = stored.pop('recorded_in', None) or 'the resumed checkpoint'
+        # What the run first found, kept as it is through later resumes.
+        found = stored.get('found') or f"{kept.get('mode')}: " \
+            f"{kept.get('reason')}"
         self._decide(
             dict(
-                kept,
+                stored,
                 mode='resumed',
                 find_unused_parameters=True,
                 ignored=[],
-                reason='the resumed checkpoint records that this run needs '
-                f"it ({kept.get('mode')}: {kept.get('reason')})"))
+                found=found,
+                reason=f'{source} records that this run needs it ({found})'))
+        return True
 
     def _leave_out_of_ddp(self, params: List[nn.Parameter]) -> None:
         module = self.module
@@ -497,7 +486,7 @@ class AutoDDP(MMDistributedDataParallel):
                 f'rank {r}: {group_param_names(reports_by_rank[r])}'
                 for r in ranks)
         why = (f'{len(names)} parameter(s) went unused on '
-               f'{_ranks_text(ranks)} after the probe step: '
+               f'{ranks_text(ranks)} after the probe step: '
                f'{group_param_names(names)}')
         need = dict(
             mode='needs_find_unused',
@@ -507,7 +496,7 @@ class AutoDDP(MMDistributedDataParallel):
             never_used=[],
             reason=why)
         return UnexpectedUnusedParameterError(
-            f'AutoDDP ({_ranks_text(ranks)}): {len(names)} parameter(s) '
+            f'AutoDDP ({ranks_text(ranks)}): {len(names)} parameter(s) '
             'received no gradient in this iteration, but DDP runs with '
             'find_unused_parameters=False, where every parameter must be '
             f'used on every rank: {where}. Every rank stops here. '

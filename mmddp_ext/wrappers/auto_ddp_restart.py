@@ -1,33 +1,34 @@
 """Keep AutoDDP's need for ``find_unused_parameters=True`` for a restart.
 
-When parameters go unused after the probe step, every rank stops with
-:class:`~mmddp_ext.wrappers.auto_ddp.UnexpectedUnusedParameterError`. A
-run restarted by torchrun (``MAX_RESTARTS=N tools/dist_train.sh``) resumes
-from the latest checkpoint, which was written before the need showed; so
-rank 0 writes the need into that checkpoint's message hub, where AutoDDP
-reads its decision on resume, and the other ranks wait until it is done
-(the launcher stops every rank once one exits).
+When parameters go unused after the probe step, every rank stops with the
+same :class:`~mmddp_ext.wrappers.auto_ddp.UnexpectedUnusedParameterError`
+(built from every rank's report, so the ranks agree on it). Rank 0 then
+writes the need into the work dir (:data:`NEED_RECORD`), which exists
+before the first checkpoint, and the other ranks wait until it is written
+(the launcher stops every rank once one exits). A restarted or resumed run
+of that work dir reads it (``ExtRunner.load_or_resume``) and AutoDDP
+builds DDP with ``find_unused_parameters=True`` before its first step; a
+new run in the work dir removes it.
 """
 import datetime
-import os
-import os.path as osp
+from typing import Optional
 
-import torch
 import torch.distributed as dist
 from mmengine.logging import print_log
-from mmengine.runner import find_latest_checkpoint
 
-from ..utils.checkpoint_safety import load_checkpoint_file
-from .auto_ddp import DECISION_INFO_KEY, UnexpectedUnusedParameterError
+from ..utils.run_record import (read_record, record_path, remove_record,
+                                write_record)
+from .auto_ddp import UnexpectedUnusedParameterError
 
+NEED_RECORD = 'autoddp_need.json'
 DONE_KEY = 'mmddp_ext/autoddp_need_written/{iteration}'
 WAIT_S = 120
 
 
 def keep_need_for_restart(runner,
                           error: UnexpectedUnusedParameterError) -> None:
-    """Write ``error.need`` into the latest checkpoint in
-    ``runner.work_dir``; a collective call (every rank raised ``error``).
+    """Write ``error.need`` into ``runner.work_dir``; a collective call
+    (every rank raised ``error``).
 
     Args:
         runner (Runner): The runner whose training stopped.
@@ -37,7 +38,13 @@ def keep_need_for_restart(runner,
         return
     distributed = dist.is_available() and dist.is_initialized()
     if not distributed or dist.get_rank() == 0:
-        _write_need(runner.work_dir, error.need)
+        path = write_record(runner.work_dir, NEED_RECORD, dict(error.need))
+        print_log(
+            f'AutoDDP: recorded in {path} that this run needs '
+            'find_unused_parameters=True; a restarted or resumed run of '
+            'this work dir (a torchrun restart resumes by itself) builds '
+            'DDP that way.',
+            logger='current')
     if not distributed:
         return
     store = dist.distributed_c10d._get_default_store()
@@ -48,26 +55,15 @@ def keep_need_for_restart(runner,
         store.wait([key], datetime.timedelta(seconds=WAIT_S))
 
 
-def _write_need(work_dir: str, need: dict) -> None:
-    path = find_latest_checkpoint(work_dir)
-    if path is None or not osp.isfile(path):
-        print_log(
-            'AutoDDP: no checkpoint in the work dir yet, so a restart '
-            'cannot learn that this run needs find_unused_parameters=True; '
-            "set model_wrapper_cfg=dict(type='AutoDDP', "
-            'find_unused_parameters=True).',
-            logger='current')
-        return
-    checkpoint = load_checkpoint_file(path, map_location='cpu')
-    hub = checkpoint.setdefault(
-        'message_hub', dict(log_scalars={}, runtime_info={}, resumed_keys={}))
-    hub['runtime_info'][DECISION_INFO_KEY] = dict(need)
-    hub['resumed_keys'][DECISION_INFO_KEY] = True
-    partial = f'{path}.autoddp.tmp'
-    torch.save(checkpoint, partial)
-    os.replace(partial, path)  # a reader never sees half a file
-    print_log(
-        f'AutoDDP: recorded in {path} that this run needs '
-        'find_unused_parameters=True; a run resumed from it (a torchrun '
-        'restart resumes by itself) builds DDP that way.',
-        logger='current')
+def read_need(work_dir: str) -> Optional[dict]:
+    """The need recorded in ``work_dir``, with ``recorded_in`` naming the
+    file, or None."""
+    need = read_record(work_dir, NEED_RECORD)
+    if not (isinstance(need, dict) and need.get('find_unused_parameters')):
+        return None
+    return dict(need, recorded_in=record_path(work_dir, NEED_RECORD))
+
+
+def forget_need(work_dir: str) -> None:
+    """Remove the need of an earlier run (a new run starts in the dir)."""
+    remove_record(work_dir, NEED_RECORD)

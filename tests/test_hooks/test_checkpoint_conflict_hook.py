@@ -310,12 +310,42 @@ def _relative_error(grads, expected) -> float:
     return worst
 
 
+class AppliedInFirstStep:
+    """AutoDDP as before issue 28: a stored decision is applied in its
+    first ``train_step``, after every hook's ``before_train``."""
+
+    def apply_resumed_decision(self):
+        return False
+
+    def train_step(self, *args, **kwargs):
+        from mmddp_ext.wrappers import AutoDDP
+        AutoDDP.apply_resumed_decision(self)
+        return super().train_step(*args, **kwargs)
+
+
 def _wrap(model, shape, group=None):
+    from mmengine.logging import MessageHub
     from mmengine.model import MMDistributedDataParallel
 
     from mmddp_ext.wrappers import AutoDDP
+    from mmddp_ext.wrappers.auto_ddp import DECISION_INFO_KEY
     if shape == 'autoddp':
         return AutoDDP(model)
+    if shape.startswith('autoddp_resumed'):
+        wrapper_cls = AutoDDP
+        if shape == 'autoddp_resumed_in_first_step':
+            wrapper_cls = type('AutoDDPAppliedInFirstStep',
+                               (AppliedInFirstStep, AutoDDP), {})
+        wrapper = wrapper_cls(model, process_group=group)
+        # What Runner.resume loads from a checkpoint of a run that needed
+        # find_unused_parameters=True.
+        MessageHub.get_current_instance().update_info(
+            DECISION_INFO_KEY,
+            dict(
+                mode='find_unused',
+                find_unused_parameters=True,
+                reason='stored'))
+        return wrapper
     return MMDistributedDataParallel(
         model,
         find_unused_parameters=True,
@@ -359,11 +389,12 @@ def _train(case, shape, hook=None, steps=2, group=None):
     return record
 
 
-def _without_hook(case, shape):
-    """The same run with no hook: DDP's error text, or 'trained'."""
+def _without_hook(case, shape, hook=None):
+    """The same run with no hook (or ``hook``): DDP's error text, or
+    'trained'."""
     group = dist.new_group(backend='gloo')  # a failed run leaves it broken
     try:
-        _train(case, shape, group=group)
+        _train(case, shape, hook=hook, group=group)
     except RuntimeError as error:
         return str(error)
     return 'trained'
@@ -412,9 +443,17 @@ def _matrix(cases, shapes):
     results['seen on rank 1 only'] = sorted(hook.sites)
     for case in cases:
         results[case, 'no hook'] = _without_hook(case, 'ddp')
+    for case in RESUMED_CASES:
+        results[case, 'resumed, applied in first step'] = _without_hook(
+            case, 'autoddp_resumed_in_first_step', CheckpointConflictHook())
     return results
 
 
+# One case per checkpointing form the hook resolves: mmdet with_cp,
+# `checkpoint` imported by name (HRFPN), checkpoint_sequential, MMEngine's
+# activation_checkpointing.
+RESUMED_CASES = ('resnet', 'hrnet', 'checkpoint_sequential',
+                 'mmengine_activation_checkpointing')
 EXPECTED_SITES = dict(
     resnet=[f'backbone.layer{i}.{j}' for i in (1, 2) for j in (0, 1)],
     resnext=[f'backbone.layer1.{j}' for j in range(3)],
@@ -427,7 +466,22 @@ SHAPES = ('autoddp', 'ddp')
 def matrix():
     """One 2-rank spawn for the matrix, the policies and the negative
     controls; each rank's results."""
-    return run_on_ranks(_matrix, 2, args=(CASES, SHAPES), timeout=180)
+    return run_on_ranks(_matrix, 2, args=(CASES, SHAPES), timeout=240)
+
+
+def _resumed(cases):
+    """A resumed AutoDDP whose stored decision needs
+    find_unused_parameters=True, for each case: the hook's record."""
+    results = {}
+    for case in cases:
+        hook = CheckpointConflictHook()
+        record = _train(case, 'autoddp_resumed', hook)
+        results[case] = dict(
+            policies=record['policies'],
+            errors=record['errors'],
+            resolved=hook.resolved,
+            decision=record['wrapper'].autoddp_decision['mode'])
+    return results
 
 
 def test_backbone_matrix_trains_under_the_default_policy(matrix):
@@ -457,6 +511,27 @@ def test_backbone_matrix_trains_under_the_default_policy(matrix):
         assert result['checkpoint_sequential', 'ddp']['sites'] == {
             'backbone': [False, None]
         }
+
+
+def test_resumed_decision_is_resolved_before_the_first_step(matrix):
+    """Issue 28, case 2: the resumed run's DDP (find_unused_parameters=True
+    from the stored decision) is built before the hook's before_train, so
+    the policy applies from the first step, for every checkpointing form.
+    Negative control (the matrix spawn): applied in the first train_step,
+    after the hook deferred its check, each fails with DDP's error."""
+    results = run_on_ranks(_resumed, 2, args=(RESUMED_CASES, ), timeout=120)
+    for rank, result in enumerate(results):
+        for case in RESUMED_CASES:
+            out = result[case]
+            where = (rank, case, out)
+            assert out['decision'] == 'resumed', where
+            assert out['policies'] == ['non_reentrant'] * 2, where
+            assert max(out['errors']) <= 1e-6, where
+            assert out['resolved'], where
+            if case in EXPECTED_SITES:
+                assert sorted(out['resolved']) == EXPECTED_SITES[case], where
+            assert DDP_DOUBLE_READY in matrix[rank][
+                case, 'resumed, applied in first step'], where
 
 
 def test_every_rank_names_the_sites_seen_on_any_rank(matrix):

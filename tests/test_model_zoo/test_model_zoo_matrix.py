@@ -20,7 +20,7 @@ import pytest
 from mmddp_ext.testing import free_port, make_synthetic_coco, run_command
 from ..helpers import REPO_ROOT, dist_train
 from .zoo_cases import (CASES, IMAGE_SIZE, ITERS, NUM_IMAGES, WORLD_SIZE,
-                        leaf_config)
+                        YOLOX_MOSAIC, leaf_config)
 
 # Quiet-machine launch: 15-25 s (mostly imports); loaded: about twice that.
 TIMEOUT = 150
@@ -136,11 +136,14 @@ def _transform_types(node) -> list:
     return []
 
 
+SIZE_KEYS = ('scale', 'crop_size', 'img_scale', 'random_size_range')
+
+
 def _sizes(node) -> list:
     if isinstance(node, dict):
         return [
             size for key, value in node.items()
-            for size in ([value] if key in ('scale', 'crop_size') else
+            for size in ([value] if key in SIZE_KEYS else
                          value if key == 'scales' else _sizes(value))
         ]
     if isinstance(node, list):
@@ -148,26 +151,32 @@ def _sizes(node) -> list:
     return []
 
 
-@pytest.mark.parametrize('case', CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize(
+    'case', CASES + [YOLOX_MOSAIC],
+    ids=[c.name for c in CASES + [YOLOX_MOSAIC]])
 def test_leaf_config_keeps_the_zoo_pipeline_shrunk(case, tmp_path):
     """The leaf config trains through the zoo config's own pipeline (the
     same transforms, nested choices included), every size scaled to a
-    short side of IMAGE_SIZE, on the synthetic data."""
+    short side of IMAGE_SIZE (the pipeline's and the model's batch
+    augments'), on the synthetic data."""
     from mmengine.config import Config
 
-    from .zoo_cases import _config_path
+    from .zoo_cases import zoo_config_path
     zoo = Config.fromfile(
-        _config_path(case.config),
+        zoo_config_path(case.config),
         import_custom_modules=False).train_dataloader.dataset
     leaf = tmp_path / 'leaf.py'
     leaf.write_text(leaf_config(case, str(tmp_path)))
-    ours = Config.fromfile(str(leaf),
-                           import_custom_modules=False).train_dataloader
+    leaf = Config.fromfile(str(leaf), import_custom_modules=False)
+    ours = leaf.train_dataloader
     assert _transform_types(ours.dataset.pipeline) == _transform_types(
         zoo.pipeline)
     assert _sizes(zoo.pipeline)  # every zoo pipeline resizes
-    assert all(min(size) == IMAGE_SIZE for size in _sizes(
-        ours.dataset.pipeline)), _sizes(ours.dataset.pipeline)
-    assert ours.dataset.data_root == str(tmp_path)
-    assert ours.dataset.filter_cfg.filter_empty_gt is False
+    sizes = _sizes([ours.dataset.pipeline, leaf.model.data_preprocessor])
+    assert all(min(size) == IMAGE_SIZE for size in sizes), sizes
+    data = ours.dataset
+    while 'dataset' in data:  # MultiImageMixDataset
+        data = data.dataset
+    assert data.data_root == str(tmp_path)
+    assert data.filter_cfg.filter_empty_gt is False
     assert (ours.batch_size, ours.sampler.shuffle) == (1, False)

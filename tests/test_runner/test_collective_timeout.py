@@ -22,6 +22,7 @@ def _train_with_stall(work_dir, data_root):
     runner = build_runner(work_dir, data_root, 3, {
         'env_cfg.dist_cfg.timeout': 6,
         'mmddp_ext_cfg.rank_consistency': None,
+        'mmddp_ext_cfg.nonfinite_skip': None,
     })
     runner.register_hook(_StallRank1(), priority='LOWEST')
     runner.train()

@@ -1,48 +1,30 @@
 """Self-healing runs through tools/dist_train.sh with MAX_RESTARTS=1
-(issue 14, case 7), on 2 real gloo ranks with a toy model: torchrun
-restarts every rank, train.py resumes from the latest checkpoint, and
-AutoDDP builds DDP the way the checkpoint says the run needs."""
+(issue 14, case 7), on 2 real gloo ranks with a toy model that saves a
+checkpoint every iteration: torchrun restarts every rank, ExtRunner
+resumes from the latest checkpoint, and AutoDDP builds DDP the way the
+work dir says the run needs. (A fine-tune that checkpoints every few
+iterations: test_self_healing_finetune.py.)"""
 import os.path as osp
 import re
-import sys
 
-from mmddp_ext.testing import free_port, run_command
 from mmddp_ext.utils import load_checkpoint_file
 
-from ..helpers import REPO_ROOT, checkpoints, logged_iters
+from ..helpers import checkpoints, dist_train, logged_iters
 
 CONFIG = osp.join(osp.dirname(osp.abspath(__file__)), 'self_healing_toy.py')
 ITERS = 6
-RESTART = 'train.py: restart 1 of at most 1: torchrun restarted every rank'
+RESTART = 'ExtRunner (rank 0/2), restart 1 of at most 1 (torchrun restarted'
 
 
-def _dist_train(work_dir, options, check=True):
-    cmd = [
-        'bash',
-        osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), CONFIG, '2',
-        '--work-dir', work_dir, '--cfg-options', *options
-    ]
-    env = {
-        'PORT': str(free_port()),
-        'PYTHON': sys.executable,
-        'MAX_RESTARTS': '1'
-    }
-    return run_command(
-        cmd,
-        timeout=240,
-        env=env,
-        cwd=REPO_ROOT,
-        log_globs=[osp.join(work_dir, '*', '*.log')],
-        check=check)
-
-
-def _after_restart(output: str) -> str:
-    assert output.count(RESTART) == 1, output[-4000:]
-    return output.split(RESTART, 1)[1]
+def _dist_train(work_dir, options):
+    return dist_train(
+        CONFIG, 2, work_dir, options, timeout=240, env={'MAX_RESTARTS': '1'})
 
 
 def _resumed_from(after: str) -> int:
-    found = re.search(r'resuming from \S*iter_(\d+)\.pth', after)
+    found = re.search(
+        r'resuming from \S*iter_(\d+)\.pth: the latest checkpoint this run '
+        'wrote', after)
     assert found, after[:2000]
     return int(found[1])
 
@@ -68,24 +50,25 @@ def test_rank_sigkilled_mid_run_comes_back(tmp_path):
 
 def test_parameter_unused_later_comes_back_with_find_unused(tmp_path):
     """The first attempt is the negative control: it dies the way runs die
-    without self-healing. The restart resumes from the checkpoint in which
-    ExtRunner recorded the need, and builds DDP with
-    find_unused_parameters=True at once: a fresh probe would see `late`
-    used (rank 1 skips it from the 3rd call of each process) and fail
-    again at iteration 5, with no restarts left."""
+    without self-healing. The restart resumes from the latest checkpoint
+    (whose stored decision is the probe's, find_unused_parameters=False)
+    and builds DDP with find_unused_parameters=True at once, as the work
+    dir records: a fresh probe would see `late` used (rank 1 skips it from
+    the 3rd call of each process) and fail again at iteration 3, with no
+    restarts left."""
     work_dir = str(tmp_path / 'work')
     out = _dist_train(work_dir, ['model.used_calls=2']).stdout
     before, after = out.split(RESTART, 1)
     assert ('UnexpectedUnusedParameterError: AutoDDP (rank 1): 2 '
             'parameter(s) received no gradient') in before
     assert logged_iters(before) == [1, 2]
-    assert re.search(
-        r'AutoDDP: recorded in \S*iter_2\.pth that this run '
-        'needs find_unused_parameters=True', before)
+    need = osp.join(work_dir, 'autoddp_need.json')
+    assert (f'AutoDDP: recorded in {need} that this run needs '
+            'find_unused_parameters=True') in before
     assert _resumed_from(after) == 2
-    assert ('AutoDDP: find_unused_parameters=True (resumed): the resumed '
-            'checkpoint records that this run needs it (needs_find_unused: '
-            '2 parameter(s) went unused on rank 1 after the probe step: '
+    assert (f'AutoDDP: find_unused_parameters=True (resumed): {need} '
+            'records that this run needs it (needs_find_unused: 2 '
+            'parameter(s) went unused on rank 1 after the probe step: '
             'late.{weight,bias})') in after
     assert 'UnexpectedUnusedParameterError' not in after
     _assert_finished(work_dir, after, 2)

@@ -112,7 +112,7 @@ def train_tiny(pattern: str,
         done += 1
     capture.close()
     reducer_has_extra = None
-    if getattr(ddp, '_ddp_built', True) and hasattr(ddp, 'reducer'):
+    if getattr(ddp, 'ddp_built', True) and hasattr(ddp, 'reducer'):
         params, _ = ddp._build_params_for_reducer()
         reducer_has_extra = any(p is model.extra for p in params)
     return dict(

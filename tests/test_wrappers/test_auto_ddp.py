@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mmddp_ext.testing import MultiRankError, run_on_ranks
-from mmddp_ext.wrappers.auto_ddp import group_param_names
+from mmddp_ext.utils.text import group_param_names
 
 from ..helpers import build_runner, rank0_log
 

@@ -1,5 +1,7 @@
 """Run code on N real gloo ranks with a hard timeout and every rank's log.
 
+Used by the DDP doctor's probe, by the tests (through
+:mod:`mmddp_ext.testing`, which re-exports it) and by the benchmarks.
 Two entry points:
 
 - :func:`run_on_ranks` runs a picklable function in N fresh processes
