@@ -8,10 +8,14 @@ from .dfine import DFINE
 from .dfine_cdn_query_generator import DFINECdnQueryGenerator
 from .dfine_head import DFINEHead
 from .dfine_hybrid_encoder import DFINEHybridEncoder
+from .dfine_upstream_param_names import dfine_upstream_param_names
 from .fine_grained_localization_loss import FineGrainedLocalizationLoss
 from .hgnetv2 import HGNetv2
+from .model_ema import ModelEMA
+from .model_ema_hook import ModelEMAHook
 
 __all__ = [
     'DecoupledDistillationFocalLoss', 'DFINE', 'DFINECdnQueryGenerator',
-    'DFINEHead', 'DFINEHybridEncoder', 'FineGrainedLocalizationLoss', 'HGNetv2'
+    'DFINEHead', 'DFINEHybridEncoder', 'dfine_upstream_param_names',
+    'FineGrainedLocalizationLoss', 'HGNetv2', 'ModelEMA', 'ModelEMAHook'
 ]

@@ -1,0 +1,66 @@
+# DEIM-D-FINE-M on COCO, upstream DEIM
+# configs/deim_dfine/deim_hgnetv2_m_coco.yml (ShihuaHuang95/DEIM):
+# 52.7 AP (52.3 for D-FINE-M in DEIM's table), 5.62 ms
+# (T4, TensorRT FP16) upstream.
+#   bash tools/dist_train.sh \
+#       projects/DEIM/configs/deim_hgnetv2_m_coco.py 8
+# Upstream's values: 102 epochs; Mosaic / photometric / zoom-out / IoU crop
+# policy epochs [4, 49, 90], MixUp in [4, 49); multi-scale sizes
+# generate_scales(640, 6) until epoch 90; flat-cosine lr: warm-up 2000
+# iterations, flat until epoch 49, last 12 epochs at lr_gamma 0.5; AdamW lr
+# 4e-4, backbone 4e-5, weight decay 1e-4 (0 on the groups below); 4 images per
+# GPU on 8 GPUs.
+_base_ = [
+    './_base_/deim_dfine_coco.py',
+    '../../D-FINE/configs/_base_/dfine_hgnetv2_m.py'
+]
+custom_imports = dict(
+    imports=['mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim'],
+    allow_failed_imports=False)
+model = dict(
+    mlp_act='silu',
+    data_preprocessor=dict(batch_augments=[
+        dict(
+            type='CollateBatchAugment',
+            mixup_prob=0.5,
+            mixup_epochs=[4, 49],
+            scales=[480, 512, 544, 576, 608] + [640] * 6 +
+            [800, 768, 736, 704, 672],
+            stop_epoch=90)
+    ]),
+    # deim.yml: freeze_at -1, freeze_norm False
+    backbone=dict(frozen_stages=-1, freeze_norm=False),
+    decoder=dict(layer_cfg=dict(activation='silu')),
+    bbox_head=dict(
+        type='DEIMHead',
+        loss_cls=dict(
+            _delete_=True,
+            type='MatchabilityAwareLoss',
+            gamma=1.5,
+            loss_weight=1.0)))
+train_dataloader = dict(
+    batch_size=4, dataset=dict(policy=dict(epoch=[4, 49, 90])))
+val_dataloader = dict(batch_size=8)
+test_dataloader = val_dataloader
+optim_wrapper = dict(
+    optimizer=dict(lr=4e-4, weight_decay=1e-4),
+    paramwise_cfg=dict(params=[
+        dict(params='^(?=.*backbone)(?!.*bn).*$', lr=4e-5),
+        dict(params='^(?=.*(?:norm|bn)).*$', weight_decay=0.),
+    ]))
+max_epochs = 102
+train_cfg = dict(max_epochs=max_epochs)
+param_scheduler = [
+    dict(
+        type='FlatCosineLR',
+        warmup_iter=2000,
+        flat_epoch=49,
+        no_aug_epoch=12,
+        lr_gamma=0.5,
+        start_factor=1 / 500,
+        begin=0,
+        end=max_epochs,
+        by_epoch=True,
+        convert_to_iter_based=True)
+]
+auto_scale_lr = dict(base_batch_size=32)

@@ -1,0 +1,127 @@
+"""Test-only components for the DEIM DDP runs, loaded through a run's
+``custom_imports`` (next to ``test_dfine/ddp_probe.py``'s
+``GradientRecordHook``):
+
+- ``ResumeRecordHook`` writes, per rank, the EMA's update count and a
+  checksum of its weights when training starts (after a resume has loaded
+  them), and the epoch each train epoch's data policy and batch augments
+  were given;
+- ``DEIMUpstreamEmptyDn`` / ``DEIMUpstreamEmptyDnHead`` give the model
+  upstream DEIM's behaviour on a batch without GT (the negative control):
+  its denoising returns None, so there are no dn queries and no dn loss
+  terms on that rank (its loss dict is shorter); each rank writes the
+  loss keys of its first iteration to ``loss_keys_rank{rank}.json`` as
+  soon as they exist, before the step that hangs.
+"""
+import importlib
+import json
+import os.path as osp
+
+from mmdet.registry import MODELS
+from mmengine.dist import get_rank
+from mmengine.hooks import EMAHook, Hook
+from mmengine.model import is_model_wrapper
+from mmengine.registry import HOOKS
+
+_deim = importlib.import_module('projects.DEIM.deim')
+_dfine = importlib.import_module('projects.D-FINE.dfine')
+_dfine_probe = importlib.import_module(
+    'tests.test_projects.test_dfine.ddp_probe')
+
+
+def _policy_datasets(dataset):
+    while dataset is not None:
+        if hasattr(dataset, 'set_epoch'):
+            yield dataset
+        dataset = getattr(dataset, 'dataset', None)
+
+
+@HOOKS.register_module()
+class ResumeRecordHook(Hook):
+    """See the module docstring; writes ``resume_record_rank{rank}.json``
+    in the work dir after training."""
+    priority = 'LOWEST'
+
+    def __init__(self):
+        self.record = dict(epochs=[])
+
+    def before_train(self, runner) -> None:
+        ema = next(h for h in runner.hooks if isinstance(h, EMAHook))
+        state = ema.ema_model.module.state_dict()
+        self.record.update(
+            start_iter=runner.iter,
+            ema_steps=int(ema.ema_model.steps),
+            ema_sum={
+                k: float(v.double().sum())
+                for k, v in state.items() if v.dtype.is_floating_point
+            })
+
+    def before_train_epoch(self, runner) -> None:
+        model = runner.model.module if is_model_wrapper(
+            runner.model) else runner.model
+        augments = model.data_preprocessor.batch_augments or []
+        datasets = list(_policy_datasets(runner.train_dataloader.dataset))
+        self.record['epochs'].append(
+            dict(
+                epoch=runner.epoch,
+                dataset_epochs=[d.epoch for d in datasets],
+                stages=[d.stage(d.epoch) for d in datasets],
+                augment_epochs=[
+                    a.epoch for a in augments if hasattr(a, 'set_epoch')
+                ]))
+
+    def after_train(self, runner) -> None:
+        path = osp.join(runner.work_dir,
+                        f'resume_record_rank{get_rank()}.json')
+        with open(path, 'w') as f:
+            json.dump(self.record, f)
+
+
+@MODELS.register_module()
+class DEIMUpstreamEmptyDnHead(_deim.DEIMHead):
+    """:class:`DEIMHead` without dn loss terms when the batch had no dn
+    queries (upstream DEIM: no ``dn_outputs``), recording the first
+    iteration's loss keys (see the module docstring)."""
+
+    def loss(self, *args, dn_meta, batch_data_samples, **kwargs):
+        losses = super().loss(
+            *args,
+            dn_meta=dn_meta,
+            batch_data_samples=batch_data_samples,
+            **kwargs)
+        if dn_meta['num_denoising_queries'] == 0:
+            losses = {k: v for k, v in losses.items() if '_dn_' not in k}
+        work_dir = getattr(self, 'record_dir', None)
+        if work_dir and not getattr(self, '_recorded', False):
+            path = osp.join(work_dir, f'loss_keys_rank{get_rank()}.json')
+            with open(path, 'w') as f:
+                json.dump(sorted(losses), f)
+            self._recorded = True
+        return losses
+
+
+@MODELS.register_module()
+class DEIMUpstreamEmptyDn(_dfine.DFINE):
+    """:class:`DFINE` whose dn generator returns no queries on a batch
+    without GT, as upstream's denoising (which returns None there).
+
+    Args:
+        record_dir (str): Where the head writes the first loss keys.
+        **kwargs: Keys of :class:`DFINE`.
+    """
+
+    def __init__(self, *args, record_dir: str = '', **kwargs):
+        super().__init__(*args, **kwargs)
+        self.bbox_head.record_dir = record_dir
+
+    def _ddp_safe_generator(self, dn_cfg: dict):
+        generator = super()._ddp_safe_generator(dn_cfg)
+        generator.__class__ = type(
+            'UpstreamEmptyDnGenerator',
+            (_dfine_probe._UpstreamEmptyDn, type(generator)), {})
+        return generator
+
+
+__all__ = [
+    'DEIMUpstreamEmptyDn', 'DEIMUpstreamEmptyDnHead', 'ResumeRecordHook'
+]
