@@ -44,6 +44,18 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test gets the environment the session started with: an
+    in-process entry point (tools/train.py's parse_args exports LOCAL_RANK,
+    as MMDetection's does) must not change what later tests in the same
+    worker see (the doctor then reports a launcher variable)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope='session')
 def repo_root():
     return REPO_ROOT

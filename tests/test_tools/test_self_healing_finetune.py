@@ -68,7 +68,7 @@ def _dist_train(work_dir, options, restarts, switch_off=''):
         2,
         work_dir,
         options,
-        timeout=300,
+        timeout=240,
         env=env,
         check=not switch_off)
 

@@ -106,7 +106,7 @@ def _run(root, config, options, extra_args=(), check=True):
         work_dir,
         options,
         extra_args=extra_args,
-        timeout=600,
+        timeout=240,
         check=check)
     return dict(
         output=output,

@@ -177,7 +177,7 @@ def test_command_line(converter, tmp_path):
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=300)
+        timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert 'from ema.module' in result.stdout
     converted = torch.load(dst, weights_only=True)['state_dict']

@@ -45,7 +45,11 @@ def run_toy(ema_type, trace: dict):
     toy = toy_module()
     set_weights(toy, trace['toy'], 0)
     ema = MODELS.build(
-        dict(type=ema_type, model=toy, **ema_kwargs(ema_type, trace)))
+        dict(
+            type=ema_type,
+            _scope_='mmdet',
+            model=toy,
+            **ema_kwargs(ema_type, trace)))
     states = []
     for step in range(1, trace['toy']['steps'] + 1):
         set_weights(toy, trace['toy'], step)
@@ -85,6 +89,7 @@ def test_update_decays_equal_upstream(trace):
     ema = MODELS.build(
         dict(
             type='ModelEMA',
+            _scope_='mmdet',
             model=toy_module(),
             decay=trace['decay'],
             warmups=trace['warmups']))
@@ -298,4 +303,9 @@ def test_resume_keeps_the_average(tmp_path):
 def test_model_ema_checks_its_config():
     import_project()
     with pytest.raises(ValueError, match='warmups'):
-        MODELS.build(dict(type='ModelEMA', model=toy_module(), decay=1.5))
+        MODELS.build(
+            dict(
+                type='ModelEMA',
+                _scope_='mmdet',
+                model=toy_module(),
+                decay=1.5))
