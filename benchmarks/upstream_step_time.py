@@ -350,10 +350,12 @@ def _create(cls, cfg: dict, **given):
     return cls(**kwargs)
 
 
-def rtdetr_upstream(tree: str, yml: str, device):
+def rtdetr_upstream(tree: str, yml: str, device, size: int = 640):
     src = load_rtdetr_upstream(tree)
     cfg = read_upstream_yaml(osp.join(tree, 'configs', 'rtdetrv2', yml))
     cfg.setdefault('PResNet', {})['pretrained'] = False
+    # the eval-mode position embedding and anchors are built for this size
+    cfg['eval_spatial_size'] = [size, size]
     torch.manual_seed(0)
     model = src.rtdetr.RTDETR(
         _create(src.presnet.PResNet, cfg),
@@ -403,7 +405,8 @@ def run_rtdetr(args, name: str, device) -> None:
     stubbed = _stub_missing_torchvision()
     yml, config = RTDETR_CASES[name]
     tree = osp.join(root, 'rtdetrv2_pytorch')
-    upstream, criterion, post = rtdetr_upstream(tree, yml, device)
+    upstream, criterion, post = rtdetr_upstream(tree, yml, device,
+                                                args.rtdetr_size)
     port = rtdetr_port(
         osp.join(REPO_ROOT, 'projects', 'RT-DETR', 'configs', config), {
             k: v.cpu()
