@@ -25,10 +25,9 @@ class BatchedHungarianAssigner(HungarianAssigner):
     ``assign`` (one image) is ``HungarianAssigner.assign``, unchanged.
     :meth:`assign_batch` gives the same matches for every image of every
     set with one call of each match cost per set and one device-to-host
-    copy in all, as upstream RT-DETR's ``HungarianMatcher`` does per
-    decoder layer; the per-image path waits for the device once per image
-    and set (the cost matrix's copy to the host), and more in the target
-    building around it.
+    copy for all sets (upstream RT-DETR's ``HungarianMatcher`` makes one
+    per set); ``assign`` per image makes one per image and set, and each
+    makes the host wait for the device.
 
     Each match cost is called once per set on the batch's queries against
     the batch's GT (its ``(bs * num_queries, num_gts)`` matrix, of which
