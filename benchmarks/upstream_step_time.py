@@ -31,6 +31,20 @@ and the median of the per-round ratios. The outputs of the two sides on
 the same inference input are compared first (max abs difference of the
 top scores), so a ratio is only printed for models that agree.
 
+Reading the figures: on a GPU the loss path is host-bound. Every host
+read of device data (``.cpu()``, ``.item()``, ``bool(tensor)``,
+``nonzero``, ``unique``, a blocking host-to-device copy such as
+``new_tensor``) makes the host wait for the queued kernels, and from
+then on Python and dispatch time is no longer hidden behind device work;
+this is what made the port's per-image DETR loss cost 8-10 ms per decoder
+layer on an H100. A CPU run barely shows it (the 640-px backbone
+dominates, and a shared machine moves the ratios by tens of percent from
+run to run): there, count the host reads and torch calls of one step
+(torch.profiler's ``aten::_local_scalar_dense``/``aten::nonzero`` events
+plus a ``TorchFunctionMode`` counter, as ``host_reads`` in
+``tests/test_projects/test_rtdetr/rtdetr_utils.py``), and time small
+inputs (``--rtdetr-size 320``) over several runs.
+
 Upstream code is read from the checkout at run time; nothing of it is
 copied here. Without torchvision (a CPU dry run), upstream RT-DETR's
 ``box_area``/``box_convert`` imports are satisfied by small stand-ins and
@@ -350,10 +364,12 @@ def _create(cls, cfg: dict, **given):
     return cls(**kwargs)
 
 
-def rtdetr_upstream(tree: str, yml: str, device):
+def rtdetr_upstream(tree: str, yml: str, device, size: int = 640):
     src = load_rtdetr_upstream(tree)
     cfg = read_upstream_yaml(osp.join(tree, 'configs', 'rtdetrv2', yml))
     cfg.setdefault('PResNet', {})['pretrained'] = False
+    # the eval-mode position embedding and anchors are built for this size
+    cfg['eval_spatial_size'] = [size, size]
     torch.manual_seed(0)
     model = src.rtdetr.RTDETR(
         _create(src.presnet.PResNet, cfg),
@@ -403,7 +419,8 @@ def run_rtdetr(args, name: str, device) -> None:
     stubbed = _stub_missing_torchvision()
     yml, config = RTDETR_CASES[name]
     tree = osp.join(root, 'rtdetrv2_pytorch')
-    upstream, criterion, post = rtdetr_upstream(tree, yml, device)
+    upstream, criterion, post = rtdetr_upstream(tree, yml, device,
+                                                args.rtdetr_size)
     port = rtdetr_port(
         osp.join(REPO_ROOT, 'projects', 'RT-DETR', 'configs', config), {
             k: v.cpu()

@@ -58,7 +58,7 @@ model = dict(
         group_cfg=dict(dynamic=True, num_groups=None, num_dn_queries=10)),
     train_cfg=dict(
         assigner=dict(
-            type='HungarianAssigner',
+            type='BatchedHungarianAssigner',
             match_costs=[
                 dict(type='FocalLossCost', weight=2.0),
                 dict(type='BBoxL1Cost', weight=5.0, box_format='xywh'),

@@ -3,6 +3,7 @@
 Importing this package registers its components in ``mmdet.registry``.
 """
 from .batch_choice_resize import BatchChoiceResize
+from .batched_hungarian_assigner import BatchedHungarianAssigner
 from .hybrid_encoder import HybridEncoder
 from .resnet_vd import ResNetVdRTDETR
 from .rtdetr import RTDETR
@@ -13,7 +14,8 @@ from .rtdetr_upstream_param_names import rtdetr_upstream_param_names
 from .rtdetr_varifocal_loss import RTDETRVarifocalLoss
 
 __all__ = [
-    'BatchChoiceResize', 'HybridEncoder', 'ResNetVdRTDETR', 'RTDETR',
-    'RTDETRAugmentStopHook', 'RTDETRCdnQueryGenerator', 'RTDETRHead',
-    'RTDETRVarifocalLoss', 'rtdetr_upstream_param_names'
+    'BatchChoiceResize', 'BatchedHungarianAssigner', 'HybridEncoder',
+    'ResNetVdRTDETR', 'RTDETR', 'RTDETRAugmentStopHook',
+    'RTDETRCdnQueryGenerator', 'RTDETRHead', 'RTDETRVarifocalLoss',
+    'rtdetr_upstream_param_names'
 ]

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from mmddp_ext.models.layers import (DUMMY_DN_GROUP_KEY,
                                      DDPSafeCdnQueryGenerator)
+from .host_to_device import host_to_device
 
 # upstream's inverse_sigmoid eps (mmdet's CdnQueryGenerator uses 1e-3)
 INVERSE_SIGMOID_EPS = 1e-5
@@ -120,12 +121,16 @@ class RTDETRCdnQueryGenerator(DDPSafeCdnQueryGenerator):
         boxes = torch.zeros(batch_size, max_gt, 4, device=device)
         is_gt = torch.zeros(batch_size, max_gt, dtype=torch.bool,
                             device=device)
+        # one non-blocking copy of the image sizes (a new_tensor per image
+        # would make the host wait for the backbone each time)
+        factors = host_to_device(
+            [[width, height, width, height]
+             for height, width in (s.img_shape for s in batch_data_samples)],
+            device, boxes.dtype)
         for i, sample in enumerate(batch_data_samples):
             count = len(sample.gt_instances.bboxes)
-            height, width = sample.img_shape
-            factor = boxes.new_tensor([width, height, width, height])
             labels[i, :count] = sample.gt_instances.labels
             boxes[i, :count] = bbox_xyxy_to_cxcywh(
-                sample.gt_instances.bboxes.to(boxes) / factor)
+                sample.gt_instances.bboxes.to(boxes) / factors[i])
             is_gt[i, :count] = True
         return labels, boxes, is_gt

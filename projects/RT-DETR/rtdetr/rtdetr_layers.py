@@ -7,6 +7,8 @@ lyuwenyu/RT-DETR so that converted checkpoints load key for key.
 import torch
 import torch.nn.functional as F
 from mmcv.ops import MultiScaleDeformableAttention
+from mmcv.ops.multi_scale_deform_attn import (
+    MultiScaleDeformableAttnFunction, multi_scale_deformable_attn_pytorch)
 from mmdet.models.layers.transformer import inverse_sigmoid
 from torch import Tensor, nn
 
@@ -160,12 +162,75 @@ def sincos_pos_embed_2d(width: int, height: int, embed_dims: int,
          out_h.sin(), out_h.cos()], dim=1)[None]
 
 
+class DeformableCrossAttention(MultiScaleDeformableAttention):
+    """mmcv's ``MultiScaleDeformableAttention`` (batch first) on
+    (cx, cy, w, h) reference boxes, without its host-side shape check.
+
+    ``forward`` replaces mmcv's with the same computation for the inputs
+    :class:`RTDETRDecoderLayer` passes (no key padding mask, no separate
+    identity): value projection, sampling offsets scaled by half the box
+    size over ``num_points`` around each box centre, softmax attention
+    weights over levels and points, mmcv's CUDA kernel (the PyTorch
+    implementation elsewhere), output projection, dropout, residual.
+    mmcv asserts ``(spatial_shapes[:, 0] * spatial_shapes[:, 1]).sum() ==
+    num_value`` on every call, which reads a device tensor on the host:
+    the host waits for the device in every decoder layer, at the first one
+    for the whole backbone and encoder. Here ``spatial_shapes`` and the
+    value are built together by ``RTDETR.pre_transformer``, so the check
+    is left out. Parameters and names are mmcv's (and upstream's).
+
+    Accepts the arguments of ``MultiScaleDeformableAttention``.
+    """
+
+    def forward(self, query: Tensor, value: Tensor, query_pos: Tensor,
+                reference_points: Tensor, spatial_shapes: Tensor,
+                level_start_index: Tensor) -> Tensor:
+        """Attend from each query to points around its reference box.
+
+        Args:
+            query (Tensor): (bs, num_queries, embed_dims).
+            value (Tensor): Flattened levels, (bs, num_values, embed_dims).
+            query_pos (Tensor): Added to ``query`` (not to the residual).
+            reference_points (Tensor): Normalized (cx, cy, w, h) per
+                level, (bs, num_queries, num_levels, 4).
+            spatial_shapes (Tensor): (h, w) of each level, (num_levels, 2).
+            level_start_index (Tensor): First value of each level.
+
+        Returns:
+            Tensor: ``query`` plus the attention output, same shape.
+        """
+        identity = query
+        query = query + query_pos
+        batch_size, num_queries, _ = query.shape
+        heads, levels, points = self.num_heads, self.num_levels, \
+            self.num_points
+        value = self.value_proj(value).view(batch_size, value.size(1), heads,
+                                            -1)
+        offsets = self.sampling_offsets(query).view(batch_size, num_queries,
+                                                    heads, levels, points, 2)
+        weights = self.attention_weights(query).view(
+            batch_size, num_queries, heads,
+            levels * points).softmax(-1).view(batch_size, num_queries, heads,
+                                              levels, points)
+        boxes = reference_points[:, :, None, :, None]
+        locations = boxes[..., :2] + offsets / points * boxes[..., 2:] * 0.5
+        if value.is_cuda:
+            output = MultiScaleDeformableAttnFunction.apply(
+                value, spatial_shapes, level_start_index, locations, weights,
+                self.im2col_step)
+        else:
+            output = multi_scale_deformable_attn_pytorch(
+                value, spatial_shapes, locations, weights)
+        return self.dropout(self.output_proj(output)) + identity
+
+
 class RTDETRDecoderLayer(nn.Module):
     """RT-DETR decoder layer: post-norm self-attention over all queries
     (dn mask applied), multi-scale deformable cross-attention on box
     reference points, and a ReLU FFN. Names follow upstream's
     ``TransformerDecoderLayer``; ``cross_attn`` is mmcv's
-    ``MultiScaleDeformableAttention``, whose parameters are upstream's."""
+    ``MultiScaleDeformableAttention`` (:class:`DeformableCrossAttention`),
+    whose parameters are upstream's."""
 
     def __init__(self,
                  embed_dims: int = 256,
@@ -179,7 +244,7 @@ class RTDETRDecoderLayer(nn.Module):
             embed_dims, num_heads, dropout=dropout, batch_first=True)
         self.dropout1 = nn.Dropout(dropout)
         self.norm1 = nn.LayerNorm(embed_dims)
-        self.cross_attn = MultiScaleDeformableAttention(
+        self.cross_attn = DeformableCrossAttention(
             embed_dims=embed_dims,
             num_heads=num_heads,
             num_levels=num_levels,

@@ -13,11 +13,11 @@ import pytest
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
 from ...helpers import data_options, dist_train, rank0_log, tiny_options
-from ...test_models.dino_utils import (ddp_step_report,
-                                       drop_dn_padding_of_gt_less_images,
-                                       global_relative_error, loss_and_grads,
-                                       raw_batch, relative_errors)
-from .rtdetr_utils import TINY_CONFIG, build_tiny
+from ...test_models.dino_utils import (ddp_step_report, global_relative_error,
+                                       loss_and_grads, raw_batch,
+                                       relative_errors)
+from .rtdetr_utils import (TINY_CONFIG, build_tiny,
+                           drop_dn_padding_of_gt_less_images)
 
 EMPTY_RANK = 1
 # GT count of each of a rank's 2 images; the ranks with GT share the same

@@ -279,3 +279,41 @@ def test_batch_choice_resize_draws_from_the_list_with_nearest():
     assert samples[0].batch_input_shape == (8, 12)
     torch.testing.assert_close(samples[0].gt_instances.bboxes,
                                torch.tensor([[0., 2., 6., 6.]]))
+
+
+def test_cross_attention_is_mmcvs_without_reading_the_device(monkeypatch):
+    """The decoder's cross-attention computes what mmcv's
+    MultiScaleDeformableAttention computes, bit for bit, without mmcv's
+    per-call shape assert, a host read of device data (a device sync per
+    decoder layer on CUDA). The sampling kernel itself is stood in for
+    when counting: its CPU implementation reads the level sizes, the
+    CUDA one does not. Control: mmcv's module reads once per call."""
+    from mmcv.ops import MultiScaleDeformableAttention
+    from mmcv.ops import multi_scale_deform_attn
+    from .rtdetr_utils import host_reads
+    layers = importlib.import_module('projects.RT-DETR.rtdetr.rtdetr_layers')
+    dims = dict(
+        embed_dims=32, num_heads=4, num_levels=2, num_points=2, dropout=0.0)
+    torch.manual_seed(0)
+    ours = layers.DeformableCrossAttention(**dims, batch_first=True)
+    theirs = MultiScaleDeformableAttention(**dims, batch_first=True)
+    theirs.load_state_dict(ours.state_dict())
+    inputs = dict(
+        query=torch.randn(2, 5, 32),
+        value=torch.randn(2, 30, 32),
+        query_pos=torch.randn(2, 5, 32),
+        reference_points=torch.rand(2, 5, 2, 4),
+        spatial_shapes=torch.tensor([[4, 6], [2, 3]]),
+        level_start_index=torch.tensor([0, 24]))
+    assert torch.equal(ours(**inputs), theirs(**inputs))
+    layer = layers.RTDETRDecoderLayer(**dims)
+    assert isinstance(layer.cross_attn, layers.DeformableCrossAttention)
+
+    def kernel(value, shapes, locations, weights):
+        return value.new_zeros(*locations.shape[:2], value.shape[2:].numel())
+
+    for module in (layers, multi_scale_deform_attn):
+        monkeypatch.setattr(module, 'multi_scale_deformable_attn_pytorch',
+                            kernel)
+    assert host_reads(lambda: ours(**inputs)) == 0
+    assert host_reads(lambda: theirs(**inputs)) >= 1
