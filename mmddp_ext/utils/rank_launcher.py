@@ -26,12 +26,17 @@ import time
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import torch
 import torch.multiprocessing as mp
+from torch.overrides import TorchFunctionMode
 
 LOG_TAIL_CHARS = 6000
 # Environment variable naming the ranks' default device (cpu or cuda).
 RANK_DEVICE_ENV = 'MMDDP_EXT_RANK_DEVICE'
 FAILURE_GRACE_S = 10
+# How long the ranks may take to start (interpreter and imports) before
+# the run's own timeout starts counting.
+STARTUP_LIMIT_S = 120
 # Upper bound on how long a finished rank waits for its peers to report,
 # in case the parent is gone; the parent's own timeout normally ends it.
 PEER_WAIT_LIMIT_S = 900
@@ -39,6 +44,8 @@ PEER_WAIT_LIMIT_S = 900
 # a fresh interpreter spends about 10 s of CPU importing them on a small
 # machine, for every rank of every run. Importing starts no threads and no
 # process group, so forking the server is safe.
+# torch's factory draws that take a generator and no input tensor.
+_DRAWS = frozenset(('rand', 'randn', 'randint', 'randperm'))
 FORKSERVER_PRELOAD = ('torch', 'torch.distributed', 'mmengine.runner',
                       'mmdet.models', 'mmddp_ext')
 
@@ -111,7 +118,29 @@ def _failed(result_path: str) -> bool:
         return pickle.load(f)[0] != 'ok'
 
 
-def _use_rank_device(device: str, rank: int) -> None:
+class _DrawWhereTheGeneratorIs(TorchFunctionMode):
+    """Under a CUDA default device, a factory call given a CPU generator
+    (a test's seeded data, a sampler's ``randperm``) draws on the CPU, as
+    it would without the default device, and the result moves to the
+    default device; torch's default-device mode would put the draw on
+    CUDA and refuse the CPU generator."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        generator = kwargs.get('generator')
+        if (generator is None or kwargs.get('device') is not None
+                or generator.device.type != 'cpu'
+                or getattr(func, '__name__', None) not in _DRAWS):
+            return func(*args, **kwargs)
+        out = func(*args, device='cpu', **kwargs)
+        if not isinstance(out, torch.Tensor):
+            return out
+        # randperm's indices index CPU lists (samplers); data moves.
+        return out if func is torch.randperm else out.to(
+            torch.get_default_device())
+
+
+def _use_rank_device(device: str, rank: int, world_size: int) -> None:
     """Make ``device`` this rank's default for new tensors and modules:
     ``'cpu'`` (nothing to do) or ``'cuda'`` (GPU ``rank % count``, shared
     round robin; the gloo group then carries CUDA tensors)."""
@@ -124,15 +153,39 @@ def _use_rank_device(device: str, rank: int) -> None:
     if not torch.cuda.is_available():
         raise ValueError(f'{RANK_DEVICE_ENV}=cuda, but CUDA is not '
                          'available on this machine; unset it or use cpu.')
-    index = rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
+    count = torch.cuda.device_count()
+    index = rank % count
+    torch.cuda.set_device(index)  # initialises CUDA in this process
     torch.set_default_device(f'cuda:{index}')
+    _DrawWhereTheGeneratorIs().__enter__()  # above the default device
+    if world_size > count:
+        # More ranks than GPUs: MMEngine's logger names the GPU of
+        # LOCAL_RANK by indexing CUDA_VISIBLE_DEVICES (IndexError past the
+        # count). CUDA is initialised, so the variable now only tells
+        # MMEngine (and any subprocess) which GPU each local rank shares.
+        visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+        ids = visible.split(',') if visible else [str(i) for i in range(count)]
+        os.environ['CUDA_VISIBLE_DEVICES'] = ','.join(
+            ids[r % count] for r in range(world_size))
+
+
+def _rank_context(device: str):
+    """The multiprocessing context that starts the ranks: the preloaded
+    fork server on CPU; on CUDA a fresh interpreter per rank ('spawn'),
+    because the fork server's imports (mmcv's CUDA ops) initialise CUDA,
+    which a forked child can then no longer use."""
+    if device == 'cuda':
+        return mp.get_context('spawn')
+    ctx = mp.get_context('forkserver')
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # used at start
+    return ctx
 
 
 def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
                log_dir: str, args: Sequence, kwargs: Dict,
                env: Dict[str, str], init_group: bool) -> None:
     log = open(osp.join(log_dir, f'rank{rank}.log'), 'w', buffering=1)
+    open(_started_path(log_dir, rank), 'w').close()
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
@@ -157,7 +210,7 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
         torch.set_num_threads(int(threads))
     result_path = osp.join(log_dir, f'rank{rank}.result')
     try:
-        _use_rank_device(env.get(RANK_DEVICE_ENV, 'cpu'), rank)
+        _use_rank_device(env.get(RANK_DEVICE_ENV, 'cpu'), rank, world_size)
         if init_group:
             import torch.distributed as dist
             dist.init_process_group(
@@ -186,13 +239,29 @@ def _result_paths(log_dir: str, world_size: int) -> List[str]:
     return [osp.join(log_dir, f'rank{r}.result') for r in range(world_size)]
 
 
+def _started_path(log_dir: str, rank: int) -> str:
+    return osp.join(log_dir, f'rank{rank}.started')
+
+
 def _wait_for_results(procs, log_dir: str, timeout: float):
     """Wait until every rank reported, one failed (plus a short grace for
     its peers) or ``timeout`` passed; returns ``(incomplete, timed_out)``.
+
+    ``timeout`` counts from when the last rank started running (its
+    interpreter and imports ready: a spawned rank on a busy machine takes
+    tens of seconds to get there), within ``STARTUP_LIMIT_S``.
     """
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + STARTUP_LIMIT_S + timeout
+    started = [_started_path(log_dir, r) for r in range(len(procs))]
+    all_started = False
     results_paths = _result_paths(log_dir, len(procs))
     while time.monotonic() < deadline:
+        if not all_started and all(osp.exists(p) for p in started):
+            all_started = True
+            deadline = time.monotonic() + timeout
+        elif not all_started and time.monotonic() > deadline - timeout:
+            deadline = time.monotonic()  # a rank never started
+            break
         if all(osp.exists(p) for p in results_paths):
             break
         if any(p.exitcode not in (None, 0) for p in procs) or any(
@@ -263,9 +332,11 @@ def run_on_ranks(fn: Callable,
         MultiRankError: A rank raised, died or did not finish in time.
     """
     log_dir = log_dir or tempfile.mkdtemp(prefix='mmddp_ranks_')
-    ctx = mp.get_context('forkserver')
-    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # used at start
+    for rank in range(world_size):
+        if osp.exists(_started_path(log_dir, rank)):
+            os.remove(_started_path(log_dir, rank))
     rank_env = dict(os.environ, **(env or {}))
+    ctx = _rank_context(rank_env.get(RANK_DEVICE_ENV, 'cpu'))
     port = free_port()
     procs = [
         ctx.Process(

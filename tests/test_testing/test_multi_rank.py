@@ -29,6 +29,15 @@ def _default_device_and_sum():
     return value.device.type, value.item()
 
 
+def _seeded_draws():
+    """A test's seeded data and a sampler's permutation, as the rank's
+    code makes them: a CPU generator, no device given."""
+    gen = torch.Generator().manual_seed(7)
+    data = torch.randint(0, 256, (4, ), generator=gen)
+    order = torch.randperm(5, generator=gen)
+    return data.device.type, data.tolist(), order.device.type, order.tolist()
+
+
 def _rank1_skips_collective():
     # Like a DataLoader worker: a process the rank started, which must not
     # outlive it either.
@@ -112,6 +121,14 @@ def test_the_rank_device_switch():
         got = run_on_ranks(_default_device_and_sum, 2, timeout=60,
                            env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
         assert got == [('cuda', 3.0), ('cuda', 3.0)]
+        # Seeded draws give the CPU run's values; the data is on the GPU,
+        # a sampler's permutation stays on the CPU.
+        on_cpu = run_on_ranks(_seeded_draws, 2, timeout=60,
+                              env={'MMDDP_EXT_RANK_DEVICE': 'cpu'})
+        on_cuda = run_on_ranks(_seeded_draws, 2, timeout=60,
+                               env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
+        assert [d[1::2] for d in on_cuda] == [d[1::2] for d in on_cpu]
+        assert {(d[0], d[2]) for d in on_cuda} == {('cuda', 'cpu')}
     else:
         with pytest.raises(MultiRankError, match='CUDA is not available'):
             run_on_ranks(_default_device_and_sum, 2, timeout=60,
@@ -178,3 +195,41 @@ def test_run_command_kills_every_descendant_on_timeout(tmp_path):
     pid = int(pid_file.read_text())
     time.sleep(0.5)
     assert not _alive(pid)
+
+
+def test_cpu_generator_draws_on_the_cpu_under_another_default_device():
+    """The mode a CUDA rank runs under (checked here with the meta device
+    as the default): a factory draw given a CPU generator draws on the CPU
+    (torch would draw on the default device and, on CUDA, refuse the CPU
+    generator), data moves to the default device, a permutation stays on
+    the CPU where samplers index lists with it."""
+    from mmddp_ext.utils.rank_launcher import _DrawWhereTheGeneratorIs
+    expected = _seeded_draws()
+    mode = _DrawWhereTheGeneratorIs()
+    torch.set_default_device('meta')
+    try:
+        control = torch.randperm(
+            5, generator=torch.Generator().manual_seed(7)).device.type
+        with mode:
+            gen = torch.Generator().manual_seed(7)
+            data = torch.randint(0, 256, (4, ), generator=gen)
+            order = torch.randperm(5, generator=gen)
+            plain = torch.zeros(1)
+    finally:
+        torch.set_default_device(None)
+    assert control == 'meta'  # without the mode
+    assert data.device.type == 'meta' and plain.device.type == 'meta'
+    assert order.device.type == 'cpu' and order.tolist() == expected[3]
+
+
+def test_the_timeout_counts_once_every_rank_started(monkeypatch):
+    """Spawned ranks (the CUDA path: a fresh interpreter per rank) spend
+    seconds importing before they run; a 2 s timeout still fits a quick
+    function, because it counts from when the last rank started."""
+    from mmddp_ext.utils import rank_launcher
+    monkeypatch.setattr(rank_launcher, '_rank_context',
+                        lambda device: rank_launcher.mp.get_context('spawn'))
+    start = time.monotonic()
+    got = run_on_ranks(_rank_and_sum, 2, timeout=2)
+    assert got == [(0, 0, 3.0), (1, 1, 3.0)]
+    assert time.monotonic() - start > 2  # the imports alone take longer
