@@ -23,8 +23,8 @@ from typing import Iterator, List
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.dropout import _DropoutNd
+
+from ..utils.torch_private import BatchNormBase, DropoutBase
 
 # value in [0, 1) returned by the uniform factories; integer factories
 # return their lower bound, normal ones zero.
@@ -108,7 +108,7 @@ CONSTANT_IN_PLACE = dict(
     bernoulli_=_bernoulli_, uniform_=_uniform_, normal_=_normal_)
 FUNCTIONAL_DROPOUTS = ('dropout', 'dropout1d', 'dropout2d', 'dropout3d',
                        'alpha_dropout', 'feature_alpha_dropout')
-EVAL_TYPES = (_BatchNorm, _DropoutNd, nn.MultiheadAttention)
+EVAL_TYPES = (BatchNormBase, DropoutBase, nn.MultiheadAttention)
 
 
 @contextlib.contextmanager

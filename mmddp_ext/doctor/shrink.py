@@ -9,9 +9,10 @@ chooses from, by one factor) is scaled down so that its shorter side is at
 most ``short_side``, keeping the aspect ratio (a ``(400, 4200)`` resize,
 which means "short side 400, long side nearly free", becomes
 ``(128, 1344)``), the train batch size is capped, and so is every query
-count of the model (``num_queries``, ``num_query``: a 128-pixel image has
-a few hundred encoder tokens, among which two-stage DETRs pick their
-queries). Pixel offsets from the size of the image a transform receives
+count of the model (``num_queries``, ``num_query``), to 50: two-stage
+DETRs pick their queries among the encoder tokens, and a 128-pixel image
+gives as few as 80 (D-FINE-N and DEIM-N use strides 16 and 32 only;
+three- and four-level encoders give about 340). Pixel offsets from the size of the image a transform receives
 (``border`` of ``RandomAffine`` and ``RandomCenterCropPad``) are scaled
 by the factor that shrank their dataloader's largest images, so that
 YOLOX's ``border=(-320, -320)`` after a 640-px ``Mosaic`` becomes
@@ -27,7 +28,7 @@ OFFSET_KEYS = ('border', )
 QUERY_KEYS = ('num_queries', 'num_query')
 SHORT_SIDE = 128
 MAX_BATCH = 2
-MAX_QUERIES = 100
+MAX_QUERIES = 50
 
 
 def _is_size(value: Any) -> bool:

@@ -4,11 +4,11 @@ import difflib
 from typing import Any, List
 
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..runner.ddp_setup import DDPSetup, checked_ext_cfg
 from ..runner.ext_runner import EXT_CFG_DEFAULTS
 from ..utils.text import shorten
+from ..utils.torch_private import BatchNormBase
 from . import checkpoint_sites
 from .cpu_twins import sync_batch_norm_layers
 from .report import BLOCKER, OK, WARN, Check
@@ -143,7 +143,7 @@ def check_sync_bn(cfg, nproc: int, model: nn.Module) -> Check:
     model.train()
     batch_stats = [
         n for n, m in model.named_modules()
-        if isinstance(m, _BatchNorm) and m.training
+        if isinstance(m, BatchNormBase) and m.training
     ]
     synced = sync_batch_norm_layers(model)
     batch = (cfg.get('train_dataloader') or {}).get('batch_size', 1)

@@ -10,10 +10,10 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
 from mmengine.registry import HOOKS
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..utils.side_channel import SideChannel
 from ..utils.text import ranks_text
+from ..utils.torch_private import flatten, unflatten
 from .loss_tap import add_loss_listener, remove_loss_listener
 from .rank_fingerprint import keys_text
 
@@ -269,11 +269,11 @@ class NonFiniteSkipHook(Hook):
             by_dtype.setdefault(buffer.dtype, []).append(buffer)
         with torch.no_grad():
             for group in by_dtype.values():
-                flat = _flatten_dense_tensors(group)
+                flat = flatten(group)
                 dist.broadcast(flat, src=source)
                 if self._rank in bad_ranks:
                     for buffer, synced in zip(
-                            group, _unflatten_dense_tensors(flat, group)):
+                            group, unflatten(flat, group)):
                         buffer.copy_(synced)
         return (f'; buffers of {ranks_text(bad_ranks)} restored from rank '
                 f'{source}')

@@ -181,7 +181,7 @@ class RankConsistencyHook(Hook):
             self._batch = data_batch
             if self._side is not None:
                 self._collectives_at_start = collective_count(
-                    dist.distributed_c10d._get_default_group())
+                    dist.group.WORLD)
         if self.nonfinite_skip is not None:
             self.nonfinite_skip.before_train_iter(runner, batch_idx,
                                                   data_batch)
@@ -227,7 +227,7 @@ class RankConsistencyHook(Hook):
         collectives = UNKNOWN
         if self._collectives_at_start != UNKNOWN:
             collectives = collective_count(
-                dist.distributed_c10d._get_default_group())
+                dist.group.WORLD)
             collectives -= self._collectives_at_start
         return dict(
             iteration=self._iteration,

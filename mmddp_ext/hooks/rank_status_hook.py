@@ -6,17 +6,14 @@ import torch.distributed as dist
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from ..utils.torch_private import default_store
+
 STATUS_KEY = 'mmddp_ext/rank_status/{rank}'
 
 
 def _store():
     """The default process group's key-value store, or None."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except (RuntimeError, AttributeError, ValueError):
-        return None
+    return default_store()
 
 
 def read_rank_status(world_size: int,

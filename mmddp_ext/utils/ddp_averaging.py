@@ -12,7 +12,8 @@ from typing import Dict, List, Sequence
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from .torch_private import flatten, unflatten
 
 
 def broadcast_from_rank0(module: nn.Module) -> None:
@@ -37,9 +38,9 @@ def average_gradients(params: Sequence[nn.Parameter]) -> None:
             param.grad = torch.zeros_like(param)
         by_dtype.setdefault(param.grad.dtype, []).append(param.grad)
     for grads in by_dtype.values():
-        flat = _flatten_dense_tensors(grads).div_(world_size)
+        flat = flatten(grads).div_(world_size)
         dist.all_reduce(flat)
-        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        for grad, synced in zip(grads, unflatten(flat, grads)):
             grad.copy_(synced)
 
 

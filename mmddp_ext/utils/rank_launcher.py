@@ -36,7 +36,7 @@ RANK_DEVICE_ENV = 'MMDDP_EXT_RANK_DEVICE'
 FAILURE_GRACE_S = 10
 # How long the ranks may take to start (interpreter and imports) before
 # the run's own timeout starts counting.
-STARTUP_LIMIT_S = 120
+STARTUP_LIMIT_S = 60
 # Upper bound on how long a finished rank waits for its peers to report,
 # in case the parent is gone; the parent's own timeout normally ends it.
 PEER_WAIT_LIMIT_S = 900

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from mmengine.logging import print_log
 
 from .dist_env import release_gloo_work_before_exit
+from .torch_private import default_store, group_timeout
 
 STORE_PREFIX = 'mmddp_ext/side'
 # Channels opened per name in this process: every rank opens them in the
@@ -117,12 +118,7 @@ def _start_heartbeat(store, rank: int) -> None:
 
 def default_group_timeout() -> Optional[datetime.timedelta]:
     """The default process group's collective timeout, if torch shows it."""
-    group = dist.distributed_c10d._get_default_group()
-    for device in ('cpu', 'cuda'):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (AttributeError, RuntimeError, ValueError):
-            continue
+    return group_timeout(dist.group.WORLD)
     return None
 
 
@@ -156,7 +152,7 @@ class SideChannel:
             minutes=30)
         self._vanished_after_s = vanished_after_s()
         if group is None:
-            self._store = dist.distributed_c10d._get_default_store()
+            self._store = default_store()
 
     @property
     def kind(self) -> str:

@@ -8,12 +8,13 @@ from mmengine.logging import MessageHub, print_log
 from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
-from torch.nn.parallel import DistributedDataParallel
 
 from ..utils.ddp_averaging import average_gradients, broadcast_from_rank0
 from ..utils.dist_env import ddp_device_ids
 from ..utils.side_channel import SideChannel
 from ..utils.text import group_param_names, ranks_text
+from ..utils.torch_private import (ignore_in_ddp, queue_end_of_backward,
+                                   reducer_params)
 
 # The decision is kept in the message hub under this key, so every
 # checkpoint carries it and ``--resume`` restores it.
@@ -235,7 +236,7 @@ class AutoDDP(MMDistributedDataParallel):
 
         def at_start(grad):
             used.clear()
-            torch.autograd.Variable._execution_engine.queue_callback(callback)
+            queue_end_of_backward(callback)
             return grad
 
         loss.register_hook(at_start)
@@ -383,16 +384,14 @@ class AutoDDP(MMDistributedDataParallel):
         module = self.module
         already = getattr(module, '_ddp_params_and_buffers_to_ignore', ())
         names = set(ddp_ignore_names(module, params)) | set(already)
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-            module, sorted(names))
+        ignore_in_ddp(module, sorted(names))
 
     def _check_left_out(self) -> None:
         """Fail at once if DDP's reducer still holds a left-out parameter:
         DDP would skip its broadcast but wait for its gradient, and every
         rank would fail two iterations later with "Expected to have
         finished reduction"."""
-        reducer_params, _ = self._build_params_for_reducer()
-        held = {id(p) for p in reducer_params}
+        held = {id(p) for p in reducer_params(self)}
         leaked = [n for n, p in self._ignored if id(p) in held]
         if leaked:
             raise IgnoredParameterLeakError(

@@ -18,6 +18,7 @@ from mmengine.logging import print_log
 
 from ..utils.run_record import (read_record, record_path, remove_record,
                                 write_record)
+from ..utils.torch_private import default_store
 from .auto_ddp import UnexpectedUnusedParameterError
 
 NEED_RECORD = 'autoddp_need.json'
@@ -47,7 +48,7 @@ def keep_need_for_restart(runner,
             logger='current')
     if not distributed:
         return
-    store = dist.distributed_c10d._get_default_store()
+    store = default_store()
     key = DONE_KEY.format(iteration=runner.iter)
     if dist.get_rank() == 0:
         store.set(key, '1')

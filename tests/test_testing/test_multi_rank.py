@@ -114,27 +114,27 @@ def test_the_rank_device_switch():
     """MMDDP_EXT_RANK_DEVICE (pytest --device) sets where each rank
     creates its tensors; gloo reduces them there. cuda is checked where a
     GPU exists, and refused with a clear error where none does."""
-    got = run_on_ranks(_default_device_and_sum, 2, timeout=60,
+    got = run_on_ranks(_default_device_and_sum, 2, timeout=30,
                        env={'MMDDP_EXT_RANK_DEVICE': 'cpu'})
     assert got == [('cpu', 3.0), ('cpu', 3.0)]
     if torch.cuda.is_available():
-        got = run_on_ranks(_default_device_and_sum, 2, timeout=60,
+        got = run_on_ranks(_default_device_and_sum, 2, timeout=30,
                            env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
         assert got == [('cuda', 3.0), ('cuda', 3.0)]
         # Seeded draws give the CPU run's values; the data is on the GPU,
         # a sampler's permutation stays on the CPU.
-        on_cpu = run_on_ranks(_seeded_draws, 2, timeout=60,
+        on_cpu = run_on_ranks(_seeded_draws, 2, timeout=30,
                               env={'MMDDP_EXT_RANK_DEVICE': 'cpu'})
-        on_cuda = run_on_ranks(_seeded_draws, 2, timeout=60,
+        on_cuda = run_on_ranks(_seeded_draws, 2, timeout=30,
                                env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
         assert [d[1::2] for d in on_cuda] == [d[1::2] for d in on_cpu]
         assert {(d[0], d[2]) for d in on_cuda} == {('cuda', 'cpu')}
     else:
         with pytest.raises(MultiRankError, match='CUDA is not available'):
-            run_on_ranks(_default_device_and_sum, 2, timeout=60,
+            run_on_ranks(_default_device_and_sum, 2, timeout=30,
                          env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
     with pytest.raises(MultiRankError, match='must be cpu or cuda'):
-        run_on_ranks(_default_device_and_sum, 2, timeout=60,
+        run_on_ranks(_default_device_and_sum, 2, timeout=30,
                      env={'MMDDP_EXT_RANK_DEVICE': 'tpu'})
 
 

@@ -347,7 +347,7 @@ def test_shrink_scales_pipelines_and_batch_augments_keeps_the_model():
     assert cfg.train_dataloader.num_workers == 0
     model_after = cfg.model.copy()
     model_after.pop('data_preprocessor')
-    assert (model_before.num_queries, model_after.num_queries) == (300, 100)
+    assert (model_before.num_queries, model_after.num_queries) == (300, 50)
     model_after.num_queries = 300
     assert model_after == model_before
 

@@ -1,0 +1,97 @@
+"""Every private torch interface the package calls, in one place.
+
+Checked against torch 2.1 to 2.13 (the CPU CI runs 2.13.0, the GPU
+figures 2.11.0+cu130). When torch changes one of these, this is the only
+file to read; each function says what it reaches and why no public
+interface does the same.
+"""
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+from torch.nn.parallel import DistributedDataParallel
+
+# Base classes of every BatchNorm (1d/2d/3d, SyncBatchNorm, mmcv's and
+# mmdet's subclasses) and every dropout layer: the only common ancestor
+# torch gives them (MMCV and MMDetection test against the same names).
+BatchNormBase = _BatchNorm
+DropoutBase = _DropoutNd
+
+
+def default_store() -> Optional[dist.Store]:
+    """The default process group's key-value store (the ``TCPStore`` the
+    launcher's rendezvous made), or None when there is none.
+
+    ``torch.distributed.distributed_c10d._get_default_store`` (private in
+    every release so far); the store is how ranks talk outside collectives
+    (side channel, heartbeats, restart decisions) without a second
+    rendezvous.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError, ValueError):
+        return None
+
+
+def group_timeout(group) -> Optional[object]:
+    """The collective timeout a process group was created with, or None.
+
+    Read through the group's backend options
+    (``ProcessGroup._get_backend(device).options._timeout``); torch has no
+    public getter.
+    """
+    for device in ('cpu', 'cuda'):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return None
+
+
+def queue_end_of_backward(callback: Callable[[], None]) -> None:
+    """Run ``callback`` once the current backward pass has finished (all
+    gradients accumulated), as DDP's reducer finalises its buckets.
+
+    ``Variable._execution_engine.queue_callback``: the engine callback
+    DDP itself uses; only valid while a backward pass runs.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
+
+
+def ignore_in_ddp(module: torch.nn.Module, names: Sequence[str]) -> None:
+    """Make the next ``DistributedDataParallel(module)`` leave out the
+    named parameters and buffers (no broadcast, no gradient bucket).
+
+    ``DistributedDataParallel._set_params_and_buffers_to_ignore_for_model``
+    (a documented-in-source static method, underscore-named).
+    """
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        module, list(names))
+
+
+def reducer_params(ddp: DistributedDataParallel) -> List[torch.nn.Parameter]:
+    """The parameters DDP's reducer holds (waits for a gradient of), in
+    the reducer's own order.
+
+    ``DistributedDataParallel._build_params_for_reducer`` recomputes the
+    list DDP built its reducer from (trainable, not ignored, not shared).
+    """
+    params, _ = ddp._build_params_for_reducer()
+    return list(params)
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One contiguous 1-D tensor holding ``tensors`` (one collective for
+    many tensors, as DDP's buckets; ``torch._utils``)."""
+    return _flatten_dense_tensors(tensors)
+
+
+def unflatten(flat: torch.Tensor,
+              like: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Views of ``flat`` shaped as ``like`` (``torch._utils``)."""
+    return list(_unflatten_dense_tensors(flat, like))
