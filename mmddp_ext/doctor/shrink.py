@@ -7,19 +7,19 @@ batch augments (``scale``, ``scales``, ``crop_size``, ``img_scale``,
 of ``BatchFixedSizePad``; the square sides RT-DETR's ``BatchChoiceResize``
 chooses from, by one factor) is scaled down so that its shorter side is at
 most ``short_side``, keeping the aspect ratio (a ``(400, 4200)`` resize,
-which means "short side 400, long side nearly free", becomes
-``(128, 1344)``), the train batch size is capped, and so is every query
-count of the model (``num_queries``, ``num_query``), to 50: two-stage
-DETRs pick their queries among the encoder tokens, and a 128-pixel image
-gives as few as 80 (D-FINE-N and DEIM-N use strides 16 and 32 only;
-three- and four-level encoders give about 340). Pixel offsets from the size of the image a transform receives
-(``border`` of ``RandomAffine`` and ``RandomCenterCropPad``) are scaled
-by the factor that shrank their dataloader's largest images, so that
-YOLOX's ``border=(-320, -320)`` after a 640-px ``Mosaic`` becomes
-``(-32, -32)`` after a 64-px one instead of cutting the whole image away.
-Layers, parameters and losses stay as they are, so the graph, the loss
-keys and the collectives are those of the full model.
-"""
+which means "short side 400, long side nearly free", becomes ``(128,
+1344)``), the train batch size is capped, and so is every query count of
+the model (``num_queries``, ``num_query``), to 50: two-stage DETRs pick
+their queries among the encoder tokens, and a 128-pixel image gives as few
+as 80 (D-FINE-N and DEIM-N use strides 16 and 32 only; three- and
+four-level encoders give about 340). Pixel offsets from the size of the
+image a transform receives (``border`` of ``RandomAffine`` and
+``RandomCenterCropPad``) are scaled by the factor that shrank their
+dataloader's largest images, so that YOLOX's ``border=(-320, -320)`` after
+a 640-px ``Mosaic`` becomes ``(-32, -32)`` after a 64-px one instead of
+cutting the whole image away. Layers, parameters and losses stay as they
+are, so the graph, the loss keys and the collectives are those of the full
+model."""
 from typing import Any, List
 
 SIZE_KEYS = ('scale', 'scales', 'crop_size', 'img_scale', 'size',

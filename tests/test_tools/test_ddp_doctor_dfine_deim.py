@@ -91,7 +91,7 @@ def test_a_query_cap_above_the_token_count_is_the_false_blocker(
         _as_a_user_fills_it(placeholder_options(cfg, data, batch_size=1)))
     shrink_config(cfg, max_queries=100)
     report = run_doctor(cfg, osp.basename(config), nproc=2, iters=1,
-                        gradients=False, timeout=300)
+                        gradients=False, timeout=120)
     assert report.exit_code == 1
     assert 'selects num_queries=100 of the 80 feature tokens' in render(
         report)
