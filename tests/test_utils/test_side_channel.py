@@ -95,8 +95,13 @@ def test_every_survivor_stops_within_seconds(kind, tmp_path):
 def test_without_heartbeats_the_survivors_keep_waiting(tmp_path):
     """Negative control: with the liveness check off, the survivors wait
     on the store for the collective timeout (300 s by default); none has
-    stopped when run_on_ranks kills them, 10 s after the SIGKILL."""
-    assert _run('store', tmp_path, env={VANISHED_ENV: '0'}) == [None, None]
+    stopped when run_on_ranks kills them, 10 s after the SIGKILL (a
+    survivor may still report the connection reset of that kill, when the
+    rank hosting the store goes first)."""
+    for outcome in _run('store', tmp_path, env={VANISHED_ENV: '0'}):
+        assert outcome is None or (
+            outcome['seconds'] >= WITHIN_S
+            and 'PeerVanishedError' not in outcome['outcome']), outcome
 
 
 def test_gloo_survivor_waiting_for_a_survivor_hangs_if_kept_open(tmp_path):
