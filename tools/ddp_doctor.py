@@ -56,16 +56,15 @@ def main(argv=None) -> int:
     os.environ['PYTHONPATH'] = os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get('PYTHONPATH')) if p)
     os.environ.setdefault('OMP_NUM_THREADS', '1')
-    if not osp.isfile(args.config):
-        raise SystemExit(f'ddp_doctor.py: config file {args.config!r} does '
-                         'not exist.')
+    from train import config_file  # noqa: E402  (tools/ is on sys.path)
+    path = config_file(args.config, 'ddp_doctor.py')
     from mmengine.config import Config
     from mmengine.logging import MMLogger
 
     import mmddp_ext  # noqa: F401  (registers its components)
     from mmddp_ext.doctor import log_report, run_doctor, shrink_config
     MMLogger.get_instance('ddp_doctor', log_level='INFO')
-    cfg = Config.fromfile(args.config)
+    cfg = Config.fromfile(path)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     if args.shrink:

@@ -22,7 +22,14 @@ if [ -z "$CONFIG" ] || [ -z "$NPROC" ]; then
     echo "$NAME: CONFIG and NPROC are required. $usage" >&2
     exit 2
 fi
-if [ ! -f "$CONFIG" ]; then
+if [[ "$CONFIG" == *::* ]]; then
+    # package::relative (MMDet's installed zoo): train.py's own resolver
+    # checks it once here, before any rank starts.
+    "${PYTHON:-python3}" -c 'import sys; sys.path.insert(0, sys.argv[1])
+from train import config_file
+config_file(sys.argv[2], sys.argv[3])' "$(dirname "${BASH_SOURCE[0]}")" \
+        "$CONFIG" "$NAME" || exit 2
+elif [ ! -f "$CONFIG" ]; then
     echo "$NAME: config file '$CONFIG' does not exist. $usage" >&2
     exit 2
 fi

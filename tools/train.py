@@ -91,11 +91,7 @@ class _DictAction(argparse.Action):
 def load_cfg(args, tool: str = 'train.py'):
     """The config of ``args.config`` with --launcher, --cfg-options and
     --work-dir applied (default ``./work_dirs/<config name>``)."""
-    if not osp.isfile(args.config):
-        raise SystemExit(f'{tool}: config file {args.config!r} does not '
-                         'exist (paths are relative to the current '
-                         'directory).')
-    cfg = _fromfile(args.config)
+    cfg = _fromfile(config_file(args.config, tool))
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
@@ -105,6 +101,41 @@ def load_cfg(args, tool: str = 'train.py'):
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
     return cfg
+
+
+def config_file(path: str, tool: str = 'train.py') -> str:
+    """The file of a config path: a path relative to the current
+    directory, or ``package::relative`` for a config of an installed
+    OpenMMLab package (``mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py``),
+    the spelling ``_base_`` entries use, which ``Config.fromfile`` does
+    not accept on its own.
+
+    Raises:
+        SystemExit: The file, or the package, does not exist; the message
+            names it and where it was looked for.
+    """
+    if '::' not in path:
+        if not osp.isfile(path):
+            raise SystemExit(f'{tool}: config file {path!r} does not exist '
+                             '(paths are relative to the current '
+                             'directory).')
+        return path
+    import importlib.util
+
+    from mmengine.utils import get_installed_path
+    package, relative = path.split('::', 1)
+    if not package.isidentifier() or importlib.util.find_spec(
+            package) is None:
+        raise SystemExit(f'{tool}: {path!r} names the package {package!r}, '
+                         'which is not installed; install it (pip install '
+                         f'{package}) or give a file path.')
+    # Where MMEngine's Config looks for a '<package>::' _base_ entry.
+    configs = osp.join(get_installed_path(package), '.mim', 'configs')
+    local = osp.join(configs, relative)
+    if not osp.isfile(local):
+        raise SystemExit(f'{tool}: {path!r}: no config {relative!r} in '
+                         f'{configs}; check the name against that folder.')
+    return local
 
 
 def _fromfile(path: str):

@@ -44,10 +44,10 @@ PEER_WAIT_LIMIT_S = 900
 # a fresh interpreter spends about 10 s of CPU importing them on a small
 # machine, for every rank of every run. Importing starts no threads and no
 # process group, so forking the server is safe.
-# torch's factory draws that take a generator and no input tensor.
-_DRAWS = frozenset(('rand', 'randn', 'randint', 'randperm'))
 FORKSERVER_PRELOAD = ('torch', 'torch.distributed', 'mmengine.runner',
                       'mmdet.models', 'mmddp_ext')
+# torch's factory draws that take a generator and no input tensor.
+_DRAWS = frozenset(('rand', 'randn', 'randint', 'randperm'))
 
 
 class MultiRankError(RuntimeError):
@@ -171,9 +171,9 @@ def _use_rank_device(device: str, rank: int, world_size: int) -> None:
 
 def _rank_context(device: str):
     """The multiprocessing context that starts the ranks: the preloaded
-    fork server on CPU; on CUDA a fresh interpreter per rank ('spawn'),
-    because the fork server's imports (mmcv's CUDA ops) initialise CUDA,
-    which a forked child can then no longer use."""
+    fork server on CPU; on CUDA a fresh interpreter per rank ('spawn'):
+    the fork server's imports initialise CUDA (seen on an H100: "Cannot
+    re-initialize CUDA in forked subprocess" in every forked rank)."""
     if device == 'cuda':
         return mp.get_context('spawn')
     ctx = mp.get_context('forkserver')
