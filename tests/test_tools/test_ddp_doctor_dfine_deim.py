@@ -6,9 +6,10 @@
   them: data placeholders filled, ``--shrink`` for the rest. Each agrees
   with a real 2-rank ``tools/dist_train.sh`` run of the same config in
   which rank 1 only reads images without boxes (shrunk as
-  test_custom_configs_train shrinks it). The other sizes share the code
-  that decides DDP behaviour (detector, head, decoder, losses, DDP set-up)
-  and differ in widths, depths and levels only.
+  test_custom_configs_train shrinks it); D-FINE-N's real runs are those
+  of test_dfine_dist.py and test_custom_configs_train.py. The other sizes
+  share the code that decides DDP behaviour (detector, head, decoder,
+  losses, DDP set-up) and differ in widths, depths and levels only.
 - Upstream D-FINE's empty-batch behaviour (no denoising queries on a
   GT-less rank; ``DFINEUpstreamEmptyDn`` of the D-FINE tests) is a
   blocker, and the same tiny config with the port's head is ok; the real
@@ -48,13 +49,18 @@ def _as_a_user_fills_it(options: dict) -> dict:
 @pytest.mark.parametrize('project', sorted(CUSTOM))
 def test_smallest_custom_config_agrees_with_its_run(
         project, data, tmp_path):  # noqa: F811
+    """The real run is made for DEIM-N, whose head (MAL) and recipe add to
+    D-FINE-N's; D-FINE-N's decoder and losses train with a GT-less rank
+    in test_dfine_dist.py, and its custom config trains one step in
+    test_custom_configs_train.py (the suite's time budget)."""
     config = osp.join(REPO_ROOT, CUSTOM[project])
     options = placeholder_options(Config.fromfile(config), data, batch_size=1)
     doctor, report = _doctor(config, _as_a_user_fills_it(options),
                              shrink=True)
-    real, out = _real(config, options, str(tmp_path / 'work'))
-    assert (doctor, real) == (0, 0), report[-3000:] + out[-3000:]
-    assert 'BLOCKER' not in report
+    assert doctor == 0 and 'BLOCKER' not in report, report[-3000:]
+    if project == 'DEIM':
+        real, out = _real(config, options, str(tmp_path / 'work'))
+        assert real == 0, out[-3000:]
 
 
 def test_upstream_empty_batch_behaviour_is_a_blocker(
