@@ -95,3 +95,11 @@ def unflatten(flat: torch.Tensor,
               like: Sequence[torch.Tensor]) -> List[torch.Tensor]:
     """Views of ``flat`` shaped as ``like`` (``torch._utils``)."""
     return list(_unflatten_dense_tensors(flat, like))
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter (``Tensor._version``), which every
+    in-place write raises: autograd's own test for "modified since saved".
+    Caches of values derived from parameters (folded conv weights) use it
+    to see an optimizer step, an EMA update or ``load_state_dict``."""
+    return tensor._version

@@ -106,11 +106,16 @@ def test_the_wrappers_reach_torch():
         lambda: calls.append('end')) or grad)
     (weight * 2).sum().backward()
     assert calls == ['end']
+    version = torch_private.tensor_version(weight)
+    with torch.no_grad():
+        weight.add_(1)
+    assert torch_private.tensor_version(weight) > version
 
 
 @pytest.mark.parametrize('name', [
     'default_store', 'group_timeout', 'queue_end_of_backward',
-    'ignore_in_ddp', 'reducer_params', 'flatten', 'unflatten'
+    'ignore_in_ddp', 'reducer_params', 'flatten', 'unflatten',
+    'tensor_version'
 ])
 def test_every_wrapper_is_documented(name):
     assert (getattr(torch_private, name).__doc__ or '').strip()

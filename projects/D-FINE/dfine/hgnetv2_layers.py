@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .rtdetr_port import conv_norm
+
 
 class LearnableAffineBlock(nn.Module):
     """``scale * x + bias`` with two learned scalars (``lab``)."""
@@ -51,7 +53,9 @@ class ConvBNAct(nn.Module):
             LearnableAffineBlock() if use_act and use_lab else nn.Identity())
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.lab(self.act(self.bn(self.conv(x))))
+        # differs from upstream: at inference conv and bn run as one folded
+        # conv (RT-DETR's conv_norm_folding; same values up to rounding)
+        return self.lab(self.act(conv_norm(self, self.conv, self.bn, x)))
 
 
 class LightConvBNAct(nn.Module):

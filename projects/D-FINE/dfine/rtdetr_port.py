@@ -8,6 +8,8 @@ import importlib
 
 _rtdetr = importlib.import_module('projects.RT-DETR.rtdetr')
 _layers = importlib.import_module('projects.RT-DETR.rtdetr.rtdetr_layers')
+_folding = importlib.import_module(
+    'projects.RT-DETR.rtdetr.conv_norm_folding')
 
 RTDETR = _rtdetr.RTDETR
 RTDETRHead = _rtdetr.RTDETRHead
@@ -18,9 +20,10 @@ ConvNormLayer = _layers.ConvNormLayer
 CSPRepLayer = _layers.CSPRepLayer
 StaticTensorCache = _layers.StaticTensorCache
 build_activation = _layers.build_activation
+conv_norm = _folding.conv_norm
 
 __all__ = [
     'RTDETR', 'RTDETRHead', 'RTDETRCdnQueryGenerator', 'HybridEncoder',
     'AIFIEncoder', 'ConvNormLayer', 'CSPRepLayer', 'StaticTensorCache',
-    'build_activation'
+    'build_activation', 'conv_norm'
 ]

@@ -12,6 +12,8 @@ from mmcv.ops.multi_scale_deform_attn import (
 from mmdet.models.layers.transformer import inverse_sigmoid
 from torch import Tensor, nn
 
+from .conv_norm_folding import conv_norm, two_branch_conv_norm
+
 ACTIVATIONS = {'relu': nn.ReLU, 'silu': nn.SiLU, 'gelu': nn.GELU}
 
 
@@ -48,13 +50,18 @@ class ConvNormLayer(nn.Module):
         self.act = build_activation(act)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.act(self.norm(self.conv(x)))
+        # differs from upstream: at inference conv and norm run as one
+        # folded conv (conv_norm_folding; same values up to rounding)
+        return self.act(conv_norm(self, self.conv, self.norm, x))
 
 
 class RepVggBlock(nn.Module):
     """RepVGG block in its training form: a 3x3 and a 1x1 conv-BN branch,
     summed, then the activation. Upstream's deploy form fuses both into one
-    biased 3x3 ``conv``; convert checkpoints before fusing."""
+    biased 3x3 ``conv``; convert checkpoints before fusing. At inference
+    this block runs that fused conv itself (folded from the two branches,
+    cached until a weight changes; see ``conv_norm_folding``), so a
+    checkpoint keeps its training form."""
 
     def __init__(self, channels: int, act='silu') -> None:
         super().__init__()
@@ -63,6 +70,10 @@ class RepVggBlock(nn.Module):
         self.act = build_activation(act)
 
     def forward(self, x: Tensor) -> Tensor:
+        fused = two_branch_conv_norm(self, (self.conv1.conv, self.conv1.norm),
+                                     (self.conv2.conv, self.conv2.norm), x)
+        if fused is not None:
+            return self.act(fused)
         return self.act(self.conv1(x) + self.conv2(x))
 
 

@@ -1,0 +1,109 @@
+"""Conv + BatchNorm run as one conv at inference.
+
+With its running statistics, a BatchNorm after a conv is an affine map per
+output channel, so ``norm(conv(x))`` equals one conv whose weight is
+scaled per output channel and which has a bias. Upstream RT-DETR and
+D-FINE fold this way only in their export path (``convert_to_deploy``);
+here every inference forward does (validation, test, ``predict``), which
+removes one pass over each activation map and, in a RepVGG block, the
+whole 1x1 branch.
+
+The folded weights are cached on the module, keyed by the identity and
+version counter of every tensor they are made from, so an optimizer
+step, an EMA update, ``load_state_dict`` or a move to another device
+(anything that writes or replaces one of them) refolds on the next call;
+a module in training mode, or a forward that records gradients, runs
+conv and norm as they are.
+"""
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mmddp_ext.utils.torch_private import BatchNormBase, tensor_version
+
+Folded = Tuple[Tensor, Tensor]
+
+
+def folds(conv: nn.Module, norm: nn.Module) -> bool:
+    """Whether ``norm(conv(x))`` may run as one folded conv now: no
+    gradients recorded, a zero-padded ``nn.Conv2d`` and a BatchNorm in
+    eval mode with running statistics."""
+    return (not torch.is_grad_enabled() and type(conv) is nn.Conv2d
+            and conv.padding_mode == 'zeros'
+            and isinstance(norm, BatchNormBase) and not norm.training
+            and norm.running_mean is not None and norm.affine)
+
+
+def fold(conv: nn.Conv2d, norm: nn.Module) -> Folded:
+    """Weight and bias of the conv equal to ``norm(conv(x))`` with the
+    norm's running statistics."""
+    scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)
+    weight = conv.weight * scale.reshape(-1, 1, 1, 1)
+    bias = norm.bias - norm.running_mean * scale
+    if conv.bias is not None:
+        bias = bias + conv.bias * scale
+    return weight, bias
+
+
+def cached(owner: nn.Module, sources: Sequence[Optional[Tensor]],
+           make) -> Folded:
+    """``make()``, reused while every tensor of ``sources`` is the same
+    tensor, storage, device, dtype and version as when it was made."""
+    try:
+        key = tuple((id(t), t.data_ptr(), t.device, t.dtype,
+                     tensor_version(t)) if t is not None else None
+                    for t in sources)
+    except RuntimeError:  # inference tensors have no version counter
+        return make()
+    hit = owner.__dict__.get('_folded_cache')
+    if hit is None or hit[0] != key:
+        hit = (key, make())
+        # a plain attribute, not a buffer: never saved, never synced
+        owner.__dict__['_folded_cache'] = hit
+    return hit[1]
+
+
+def _sources(conv: nn.Conv2d, norm: nn.Module) -> list:
+    return [
+        conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean,
+        norm.running_var
+    ]
+
+
+def conv_norm(owner: nn.Module, conv: nn.Conv2d, norm: nn.Module,
+              x: Tensor) -> Tensor:
+    """``norm(conv(x))``, as one folded conv when :func:`folds`."""
+    if not folds(conv, norm):
+        return norm(conv(x))
+    weight, bias = cached(owner, _sources(conv, norm),
+                          lambda: fold(conv, norm))
+    return F.conv2d(x, weight, bias, conv.stride, conv.padding,
+                    conv.dilation, conv.groups)
+
+
+def two_branch_conv_norm(owner: nn.Module, branch3x3: Tuple[nn.Conv2d,
+                                                            nn.Module],
+                         branch1x1: Tuple[nn.Conv2d, nn.Module],
+                         x: Tensor) -> Optional[Tensor]:
+    """``norm3(conv3(x)) + norm1(conv1(x))`` of a RepVGG block as one 3x3
+    conv (the 1x1 kernel sits at the centre of the 3x3 one), or None when
+    either branch does not :func:`folds`."""
+    (conv3, norm3), (conv1, norm1) = branch3x3, branch1x1
+    if not (folds(conv3, norm3) and folds(conv1, norm1)
+            and conv3.stride == conv1.stride == (1, 1)
+            and conv3.kernel_size == (3, 3) and conv1.kernel_size == (1, 1)
+            and conv3.padding == (1, 1) and conv1.padding == (0, 0)
+            and conv3.groups == conv1.groups == 1):
+        return None
+
+    def make() -> Folded:
+        weight3, bias3 = fold(conv3, norm3)
+        weight1, bias1 = fold(conv1, norm1)
+        return weight3 + F.pad(weight1, (1, 1, 1, 1)), bias3 + bias1
+
+    weight, bias = cached(owner,
+                          _sources(conv3, norm3) + _sources(conv1, norm1),
+                          make)
+    return F.conv2d(x, weight, bias, 1, 1)
