@@ -48,7 +48,8 @@ class ConvBNAct(nn.Module):
             groups=groups,
             bias=False)
         self.bn = nn.BatchNorm2d(out_channels)
-        self.act = nn.ReLU() if use_act else nn.Identity()
+        # in place: its input is the norm's fresh output (upstream: not)
+        self.act = nn.ReLU(inplace=True) if use_act else nn.Identity()
         self.lab = (
             LearnableAffineBlock() if use_act and use_lab else nn.Identity())
 

@@ -17,8 +17,10 @@ from .conv_norm_folding import conv_norm, two_branch_conv_norm
 ACTIVATIONS = {'relu': nn.ReLU, 'silu': nn.SiLU, 'gelu': nn.GELU}
 
 
-def build_activation(name) -> nn.Module:
-    """``nn.Identity`` for None, else the activation called ``name``."""
+def build_activation(name, inplace: bool = False) -> nn.Module:
+    """``nn.Identity`` for None, else the activation called ``name``;
+    ``inplace`` for those that can (ReLU, SiLU), where the caller's input
+    is a fresh tensor no one else reads (upstream builds them in place)."""
     if name is None:
         return nn.Identity()
     if name not in ACTIVATIONS:
@@ -26,7 +28,10 @@ def build_activation(name) -> nn.Module:
             f'RT-DETR activation must be one of {sorted(ACTIVATIONS)} or '
             f'None, but got {name!r}. Fix the act/enc_act key of the neck '
             'config.')
-    return ACTIVATIONS[name]()
+    module = ACTIVATIONS[name]()
+    if inplace and hasattr(module, 'inplace'):
+        module.inplace = True
+    return module
 
 
 class ConvNormLayer(nn.Module):
@@ -47,7 +52,7 @@ class ConvNormLayer(nn.Module):
             padding=(kernel_size - 1) // 2,
             bias=False)
         self.norm = nn.BatchNorm2d(out_channels)
-        self.act = build_activation(act)
+        self.act = build_activation(act, inplace=True)
 
     def forward(self, x: Tensor) -> Tensor:
         # differs from upstream: at inference conv and norm run as one
@@ -67,7 +72,7 @@ class RepVggBlock(nn.Module):
         super().__init__()
         self.conv1 = ConvNormLayer(channels, channels, 3, act=None)
         self.conv2 = ConvNormLayer(channels, channels, 1, act=None)
-        self.act = build_activation(act)
+        self.act = build_activation(act, inplace=True)
 
     def forward(self, x: Tensor) -> Tensor:
         fused = two_branch_conv_norm(self, (self.conv1.conv, self.conv1.norm),
