@@ -8,12 +8,13 @@ here every inference forward does (validation, test, ``predict``), which
 removes one pass over each activation map and, in a RepVGG block, the
 whole 1x1 branch.
 
-The folded weights are cached on the module, keyed by the identity and
-version counter of every tensor they are made from, so an optimizer
-step, an EMA update, ``load_state_dict`` or a move to another device
-(anything that writes or replaces one of them) refolds on the next call;
-a module in training mode, or a forward that records gradients, runs
-conv and norm as they are.
+The folded weights are cached on the module, keyed by the identity,
+storage, device, dtype and version counter of every tensor they are made
+from, so an optimizer step, an EMA update, ``load_state_dict`` or a move
+to another device or dtype (anything that writes or replaces one of them)
+refolds on the next call. A module in training mode, or a forward that
+records gradients, runs conv and norm as they are and drops the cache
+(no folded copy of the weights is held while training).
 """
 from typing import Optional, Sequence, Tuple
 
@@ -24,6 +25,8 @@ from torch import Tensor, nn
 from mmddp_ext.utils.torch_private import BatchNormBase, tensor_version
 
 Folded = Tuple[Tensor, Tensor]
+# the attribute of the owning module that holds (key, folded weights)
+CACHE = '_folded_cache'
 
 
 def folds(conv: nn.Module, norm: nn.Module) -> bool:
@@ -57,11 +60,11 @@ def cached(owner: nn.Module, sources: Sequence[Optional[Tensor]],
                     for t in sources)
     except RuntimeError:  # inference tensors have no version counter
         return make()
-    hit = owner.__dict__.get('_folded_cache')
+    hit = owner.__dict__.get(CACHE)
     if hit is None or hit[0] != key:
         hit = (key, make())
         # a plain attribute, not a buffer: never saved, never synced
-        owner.__dict__['_folded_cache'] = hit
+        owner.__dict__[CACHE] = hit
     return hit[1]
 
 
@@ -76,6 +79,7 @@ def conv_norm(owner: nn.Module, conv: nn.Conv2d, norm: nn.Module,
               x: Tensor) -> Tensor:
     """``norm(conv(x))``, as one folded conv when :func:`folds`."""
     if not folds(conv, norm):
+        owner.__dict__.pop(CACHE, None)
         return norm(conv(x))
     weight, bias = cached(owner, _sources(conv, norm),
                           lambda: fold(conv, norm))
@@ -93,9 +97,11 @@ def two_branch_conv_norm(owner: nn.Module, branch3x3: Tuple[nn.Conv2d,
     (conv3, norm3), (conv1, norm1) = branch3x3, branch1x1
     if not (folds(conv3, norm3) and folds(conv1, norm1)
             and conv3.stride == conv1.stride == (1, 1)
+            and conv3.dilation == conv1.dilation == (1, 1)
             and conv3.kernel_size == (3, 3) and conv1.kernel_size == (1, 1)
             and conv3.padding == (1, 1) and conv1.padding == (0, 0)
             and conv3.groups == conv1.groups == 1):
+        owner.__dict__.pop(CACHE, None)
         return None
 
     def make() -> Folded:
