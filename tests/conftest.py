@@ -34,6 +34,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # longest files first (tools/run_tests.sh keeps this order for xdist)
+    from tests.file_order import load_durations, order_by_duration
+    order_by_duration(items, load_durations())
     if config.getoption('--device') != 'cuda':
         return
     import torch

@@ -10,7 +10,8 @@ bash tools/setup_env.sh
 WORKERS="${PYTEST_WORKERS:-2}"
 PARALLEL=()
 if [ "$WORKERS" != 0 ]; then
-    PARALLEL=(-n "$WORKERS" --dist loadfile)
+    # whole files per worker, longest first (tests/file_order.py)
+    PARALLEL=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
 fi
 exec "${PYTHON:-python3}" -m pytest tests -ra --durations=15 \
     "${PARALLEL[@]}" "$@"

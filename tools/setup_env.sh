@@ -87,7 +87,14 @@ else
     "${PIP[@]}" "mmdet==$(pinned mmdet)" pycocotools
 fi
 
-if has_dist pytest && has_dist pytest-timeout && has_dist pytest-xdist; then
+# pytest-xdist 3.6 added --no-loadscope-reorder (tools/run_tests.sh)
+xdist_new_enough() {
+    "$PY" -c 'from importlib import metadata as m; import sys
+v = tuple(int(p) for p in m.version("pytest-xdist").split(".")[:2])
+sys.exit(0 if v >= (3, 6) else 1)' 2>/dev/null
+}
+
+if has_dist pytest && has_dist pytest-timeout && xdist_new_enough; then
     say "test tools present"
 else
     say "installing test tools"
