@@ -59,6 +59,20 @@ def _environment_restored():
     os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True)
+def _default_scope_restored():
+    """Each test leaves MMEngine's default registry scope as it found it:
+    the newest ``DefaultScope`` is the current one, so a runner or a
+    scoped build in one test would otherwise decide which registry a later
+    test in the same worker builds from (``X is not in the mmengine::...
+    registry``), depending on the order xdist runs the files in."""
+    from mmengine.registry import DefaultScope
+    saved = DefaultScope._instance_dict.copy()
+    yield
+    DefaultScope._instance_dict.clear()
+    DefaultScope._instance_dict.update(saved)
+
+
 @pytest.fixture(scope='session')
 def repo_root():
     return REPO_ROOT
