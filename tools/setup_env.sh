@@ -87,14 +87,26 @@ else
     "${PIP[@]}" "mmdet==$(pinned mmdet)" pycocotools
 fi
 
-# pytest-xdist 3.6 added --no-loadscope-reorder (tools/run_tests.sh)
-xdist_new_enough() {
-    "$PY" -c 'from importlib import metadata as m; import sys
-v = tuple(int(p) for p in m.version("pytest-xdist").split(".")[:2])
-sys.exit(0 if v >= (3, 6) else 1)' 2>/dev/null
+# every line of requirements/tests.txt installed at a version it allows
+# (pytest-xdist>=3.6: --no-loadscope-reorder in tools/run_tests.sh)
+test_requirements_met() {
+    "$PY" - "$ROOT/requirements/tests.txt" <<'EOF2' 2>/dev/null
+import sys
+from importlib import metadata
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+for line in open(sys.argv[1]):
+    line = line.split('#')[0].strip()
+    if line:
+        req = Requirement(line)
+        if metadata.version(req.name) not in req.specifier:
+            sys.exit(1)
+EOF2
 }
 
-if has_dist pytest && has_dist pytest-timeout && xdist_new_enough; then
+if test_requirements_met; then
     say "test tools present"
 else
     say "installing test tools"
