@@ -1,9 +1,10 @@
 """Doctor against reality for the D-FINE and DEIM ports (issue 30).
 
-- The shipped custom configs of the smallest size (``*_n_custom.py``,
-  whose encoder uses strides 16 and 32 only: the fewest tokens among
-  which the two-stage decoder picks its queries) are asked as a user asks
-  them: data placeholders filled, ``--shrink`` for the rest. Each agrees
+- The shipped custom configs of the smallest size of each model family
+  (``*_n_custom.py``, whose encoder uses strides 16 and 32 only: the
+  fewest tokens among which the two-stage decoder picks its queries; and
+  DEIM-RTDETRv2-r18vd, DEIM on the RT-DETRv2 port) are asked as a user
+  asks them: data placeholders filled, ``--shrink`` for the rest. Each agrees
   with a real 2-rank ``tools/dist_train.sh`` run of the same config in
   which rank 1 only reads images without boxes (shrunk as
   test_custom_configs_train shrinks it); D-FINE-N's real runs are those
@@ -31,6 +32,7 @@ from .test_ddp_doctor_matrix import _doctor, _real, data  # noqa: F401
 CUSTOM = {
     'D-FINE': 'projects/D-FINE/configs/dfine_hgnetv2_n_custom.py',
     'DEIM': 'projects/DEIM/configs/deim_hgnetv2_n_custom.py',
+    'DEIM-RTDETRv2': 'projects/DEIM/configs/deim_rtdetrv2_r18vd_custom.py',
 }
 # What a user fills in before asking: the data, classes and start
 # weights; sizes and query counts are left to --shrink.
@@ -49,16 +51,18 @@ def _as_a_user_fills_it(options: dict) -> dict:
 @pytest.mark.parametrize('project', sorted(CUSTOM))
 def test_smallest_custom_config_agrees_with_its_run(
         project, data, tmp_path):  # noqa: F811
-    """The real run is made for DEIM-N, whose head (MAL) and recipe add to
-    D-FINE-N's; D-FINE-N's decoder and losses train with a GT-less rank
-    in test_dfine_dist.py, and its custom config trains one step in
-    test_custom_configs_train.py (the suite's time budget)."""
+    """The real runs are made for DEIM-N, whose head (MAL) and recipe add
+    to D-FINE-N's, and for DEIM-RTDETRv2-r18vd (RT-DETRv2's head and
+    decoder with MAL and DEIM's recipe); D-FINE-N's decoder and losses
+    train with a GT-less rank in test_dfine_dist.py, and its custom config
+    trains one step in test_custom_configs_train.py (the suite's time
+    budget)."""
     config = osp.join(REPO_ROOT, CUSTOM[project])
     options = placeholder_options(Config.fromfile(config), data, batch_size=1)
     doctor, report = _doctor(config, _as_a_user_fills_it(options),
                              shrink=True)
     assert doctor == 0 and 'BLOCKER' not in report, report[-3000:]
-    if project == 'DEIM':
+    if project.startswith('DEIM'):
         real, out = _real(config, options, str(tmp_path / 'work'))
         assert real == 0, out[-3000:]
 

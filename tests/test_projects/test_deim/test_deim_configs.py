@@ -1,5 +1,5 @@
-"""Every DEIM zoo config (DEIM-D-FINE N/S/M/L/X, COCO and custom;
-DEIM-RTDETRv2 r18vd/r34vd/r50vd-m/r50vd/r101vd, COCO) carries upstream
+"""Every DEIM zoo config (DEIM-D-FINE N/S/M/L/X and DEIM-RTDETRv2
+r18vd/r34vd/r50vd-m/r50vd/r101vd, COCO and custom) carries upstream
 DEIM's recipe: per-parameter lr, weight decay and betas (and shapes), the
 flat-cosine lr of every group iteration by iteration, EMA, the transforms
 policy and Mosaic, the MixUp window, multi-scale sizes and stop epoch,
@@ -23,6 +23,20 @@ CONFIGS = {
     for size in SIZES
     for kind in ('coco', 'custom')
 }
+# DEIM-RTDETRv2: this port's size name -> upstream DEIM's YAML stem
+RT_SIZES = {
+    'r18vd': 'r18vd_120e',
+    'r34vd': 'r34vd_120e',
+    'r50vd_m': 'r50vd_m_60e',
+    'r50vd': 'r50vd_60e',
+    'r101vd': 'r101vd_60e',
+}
+CONFIGS.update({
+    f'projects/DEIM/configs/deim_rtdetrv2_{size}_{kind}.py':
+    f'configs/deim_rtdetrv2/deim_{stem}_coco.yml'
+    for size, stem in RT_SIZES.items()
+    for kind in ('coco', 'custom')
+})
 # upstream transform class -> this port's pipeline type
 PORT_TYPES = {
     'Mosaic': 'DEIMMosaic',
