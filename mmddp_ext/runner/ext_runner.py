@@ -31,6 +31,7 @@ from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
 from .ddp_setup import (checked_ext_cfg, cpu_optim_wrapper_cfg,
                         resolve_ddp_setup, train_collate_cfg)
+from .formatted_once_config import FormattedOnceConfig
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
                           restart_count)
@@ -77,7 +78,11 @@ class ExtRunner(Runner):
     - ``build_optim_wrapper``: on CPU ranks, ``AmpOptimWrapper`` (which
       MMEngine refuses there) runs as a float32 ``OptimWrapper``, with a
       warning.
-    - ``__init__``: before anything is built, checks every ``num_classes``
+    - ``__init__``: keeps the config as a
+      :class:`~mmddp_ext.runner.formatted_once_config.FormattedOnceConfig`,
+      which formats its text with yapf once per content (``Runner`` logs
+      and dumps it three to four times at start and once per checkpoint).
+      Before anything is built, checks every ``num_classes``
       in the model config against the classes of each dataloader's dataset
       (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`);
       under a launcher every rank raises the error together in
@@ -153,7 +158,12 @@ class ExtRunner(Runner):
 
     def __init__(self, *args, **kwargs):
         self._check_class_counts(*args, **kwargs)
-        super().__init__(*args, **kwargs)
+        given = inspect.signature(Runner.__init__).bind_partial(
+            None, *args, **kwargs)
+        if given.arguments.get('cfg') is not None:
+            given.arguments['cfg'] = FormattedOnceConfig.of(
+                given.arguments['cfg'])
+        super().__init__(*given.args[1:], **given.kwargs)
         loader = self._train_dataloader
         if isinstance(loader, dict):
             collate = train_collate_cfg(loader, self.ext_cfg)
