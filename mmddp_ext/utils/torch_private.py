@@ -103,3 +103,26 @@ def tensor_version(tensor: torch.Tensor) -> int:
     Caches of values derived from parameters (folded conv weights) use it
     to see an optimizer step, an EMA update or ``load_state_dict``."""
     return tensor._version
+
+
+def onednn_conv2d(x: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor], stride: Sequence[int],
+                  padding: Sequence[int], dilation: Sequence[int],
+                  groups: int) -> torch.Tensor:
+    """``F.conv2d``'s forward run by oneDNN whatever torch's kernel choice
+    would be (``torch.mkldnn_convolution``, undocumented; its backward is
+    torch's ``convolution_backward``). For a 1x1 conv of a batch under 16
+    on one thread, or of one small image, torch picks its own im2col +
+    GEMM (``ConvParams::use_mkldnn``), slower on the CPUs measured (see
+    ``conv2d`` in ``projects/RT-DETR/rtdetr/conv_norm_folding.py``)."""
+    return torch.mkldnn_convolution(x, weight, bias, list(padding),
+                                    list(stride), list(dilation), groups)
+
+
+def onednn_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`onednn_conv2d` can run this conv: a dense float32
+    CPU input and weight, and oneDNN built in and switched on."""
+    return (x.device.type == 'cpu' and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and x.layout == torch.strided
+            and not weight.is_mkldnn and torch.backends.mkldnn.is_available()
+            and torch.backends.mkldnn.enabled)

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmddp_ext.utils.torch_private import BatchNormBase, tensor_version
+from .pointwise_conv import conv2d
 
 Folded = Tuple[Tensor, Tensor]
 # the attribute of the owning module that holds (key, folded weights)
@@ -77,14 +78,16 @@ def _sources(conv: nn.Conv2d, norm: nn.Module) -> list:
 
 def conv_norm(owner: nn.Module, conv: nn.Conv2d, norm: nn.Module,
               x: Tensor) -> Tensor:
-    """``norm(conv(x))``, as one folded conv when :func:`folds`."""
+    """``norm(conv(x))``, as one folded conv when :func:`folds`; the conv
+    runs through :func:`~.pointwise_conv.conv2d` (a 1x1 one in oneDNN)."""
     if not folds(conv, norm):
         owner.__dict__.pop(CACHE, None)
-        return norm(conv(x))
+        if type(conv) is not nn.Conv2d:
+            return norm(conv(x))
+        return norm(conv2d(x, conv.weight, conv.bias, conv))
     weight, bias = cached(owner, _sources(conv, norm),
                           lambda: fold(conv, norm))
-    return F.conv2d(x, weight, bias, conv.stride, conv.padding,
-                    conv.dilation, conv.groups)
+    return conv2d(x, weight, bias, conv)
 
 
 def two_branch_conv_norm(owner: nn.Module, branch3x3: Tuple[nn.Conv2d,

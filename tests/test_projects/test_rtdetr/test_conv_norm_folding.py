@@ -142,3 +142,101 @@ def test_version_counter_wrapper():
     before = torch_private.tensor_version(weight)
     weight.mul_(2)
     assert torch_private.tensor_version(weight) == before + 1
+
+
+def _kernels(run) -> set:
+    """The conv kernels (aten op names) ``run()`` calls."""
+    from torch.profiler import profile
+    with profile() as prof:
+        run()
+    return {e.key for e in prof.key_averages() if 'conv' in e.key}
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize('grad', [True, False])
+def test_a_1x1_conv_runs_in_onednn_with_the_same_values(one_thread, grad):
+    """One thread, a batch of 2 (a CPU DDP rank's case): the 1x1 ConvBNAct
+    runs oneDNN's kernel in training (forward and backward) and at
+    inference (folded), never torch's im2col + GEMM one, with F.conv2d's
+    values and gradients up to rounding."""
+    layer = hgnet_layers.ConvBNAct(32, 48, 1)
+    _randomise(layer, 3)
+    layer.train(grad)
+    x = torch.randn(2, 32, 24, 24, requires_grad=grad)
+
+    def run():
+        with torch.set_grad_enabled(grad):
+            out = layer(x)
+        if grad:
+            out.square().sum().backward()
+        return out
+
+    kernels = _kernels(run)
+    assert 'aten::mkldnn_convolution' in kernels, kernels
+    assert not any('slow_conv2d' in k for k in kernels), kernels
+    x.grad = layer.conv.weight.grad = None
+    ours = run()
+    grads = [x.grad.clone(), layer.conv.weight.grad.clone()] if grad else []
+    x.grad = layer.conv.weight.grad = None
+    with torch.set_grad_enabled(grad):
+        reference = _reference(layer, x)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
+    if grad:
+        reference.square().sum().backward()
+        torch.testing.assert_close(grads[0], x.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            grads[1], layer.conv.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_control_torch_picks_im2col_for_the_same_conv(one_thread):
+    """What the layer replaces: torch's F.conv2d runs the same 1x1 conv
+    through its im2col + GEMM kernel (slow_conv2d) on one thread."""
+    conv = nn.Conv2d(32, 48, 1, bias=False)
+    x = torch.randn(2, 32, 24, 24, requires_grad=True)
+    kernels = _kernels(lambda: conv(x).sum().backward())
+    assert 'aten::_slow_conv2d_forward' in kernels, kernels
+    assert 'aten::mkldnn_convolution' not in kernels
+
+
+def test_other_dtypes_run_torchs_conv():
+    layer = hgnet_layers.ConvBNAct(8, 8, 1).double()
+    x = torch.randn(2, 8, 6, 6, dtype=torch.float64)
+    assert not torch_private.onednn_runs(x, layer.conv.weight)
+    assert layer(x).dtype == torch.float64
+
+
+@pytest.mark.parametrize('batch,bias,input_grad', [(3, True, True),
+                                                   (1, False, False),
+                                                   (16, True, True)])
+def test_pointwise_conv_gradients_are_torchs(one_thread, batch, bias,
+                                             input_grad):
+    """Input, weight and bias gradients of the oneDNN 1x1 conv equal
+    F.conv2d's; from a batch of 16 torch's own kernel runs (oneDNN too)."""
+    pointwise = importlib.import_module('projects.RT-DETR.rtdetr.'
+                                        'pointwise_conv')
+    conv = nn.Conv2d(24, 40, 1, bias=bias)
+    x = torch.randn(batch, 24, 9, 11, requires_grad=input_grad)
+    grad_out = torch.randn(batch, 40, 9, 11)
+    results = []
+    for run in (lambda: pointwise.conv2d(x, conv.weight, conv.bias, conv),
+                lambda: conv(x)):
+        conv.zero_grad()
+        x.grad = None
+        run().backward(grad_out)
+        results.append([x.grad] + [p.grad.clone() for p in conv.parameters()])
+    ours, reference = results
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+    def step():
+        pointwise.conv2d(x, conv.weight, conv.bias, conv).sum().backward()
+
+    kernels = _kernels(step)
+    assert not any('slow_conv2d' in k for k in kernels), kernels
