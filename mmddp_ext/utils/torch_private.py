@@ -114,7 +114,7 @@ def onednn_conv2d(x: torch.Tensor, weight: torch.Tensor,
     torch's ``convolution_backward``). For a 1x1 conv of a batch under 16
     on one thread, or of one small image, torch picks its own im2col +
     GEMM (``ConvParams::use_mkldnn``), slower on the CPUs measured (see
-    ``conv2d`` in ``projects/RT-DETR/rtdetr/conv_norm_folding.py``)."""
+    ``projects/RT-DETR/rtdetr/pointwise_conv.py``)."""
     return torch.mkldnn_convolution(x, weight, bias, list(padding),
                                     list(stride), list(dilation), groups)
 
