@@ -5,8 +5,9 @@ from typing import Optional
 
 from mmengine.registry import RUNNERS
 
-from ..runner.ddp_setup import DDPSetup, checked_ext_cfg, resolve_ddp_setup
-from ..runner.ext_runner import EXT_CFG_DEFAULTS, ExtRunner
+from ..runner.ddp_setup import (EXT_CFG_DEFAULTS, DDPSetup, checked_ext_cfg,
+                                resolve_ddp_setup)
+from ..runner.ext_runner import ExtRunner
 from ..utils.dist_env import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 

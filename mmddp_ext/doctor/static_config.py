@@ -5,8 +5,7 @@ from typing import Any, List
 
 import torch.nn as nn
 
-from ..runner.ddp_setup import DDPSetup, checked_ext_cfg
-from ..runner.ext_runner import EXT_CFG_DEFAULTS
+from ..runner.ddp_setup import EXT_CFG_DEFAULTS, DDPSetup, checked_ext_cfg
 from ..utils.text import shorten
 from ..utils.torch_private import BatchNormBase
 from . import checkpoint_sites

@@ -37,6 +37,18 @@ STOCK_WRAPPER = 'MMDistributedDataParallel'
 STOCK_COLLATE = dict(type='pseudo_collate')
 _FROM_CFG = object()
 
+# mmddp_ext_cfg keys and their values when the key is absent (documented
+# in ExtRunner's docstring and docs/design.md).
+EXT_CFG_DEFAULTS = dict(
+    auto_ddp=False,
+    checkpoint_conflict=None,
+    empty_gt_guard=None,
+    empty_gt_stats=False,
+    finite_predictions=True,
+    nonfinite_skip=None,
+    rank_consistency=None,
+)
+
 
 def checked_ext_cfg(given: Any, defaults: Dict[str, Any]) -> Dict[str, Any]:
     """``mmddp_ext_cfg`` (``given``, None for unset) over ``defaults``.

@@ -29,23 +29,14 @@ from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
-from .ddp_setup import (checked_ext_cfg, cpu_optim_wrapper_cfg,
-                        resolve_ddp_setup, train_collate_cfg)
+from .ddp_setup import (EXT_CFG_DEFAULTS, checked_ext_cfg,
+                        cpu_optim_wrapper_cfg, resolve_ddp_setup,
+                        train_collate_cfg)
 from .formatted_once_config import FormattedOnceConfig
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
                           restart_count)
 
-# mmddp_ext_cfg keys and their values when the key is absent.
-EXT_CFG_DEFAULTS = dict(
-    auto_ddp=False,
-    checkpoint_conflict=None,
-    empty_gt_guard=None,
-    empty_gt_stats=False,
-    finite_predictions=True,
-    nonfinite_skip=None,
-    rank_consistency=None,
-)
 # rank_consistency keys that belong to nonfinite_skip since the split.
 _SKIP_KEYS_IN_RANK_CONSISTENCY = ('skip_nonfinite', 'max_consecutive_skips')
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')

@@ -4,9 +4,8 @@ import pytest
 from mmengine.config import Config
 
 import mmddp_ext  # noqa: F401  (registers the wrappers and hooks)
-from mmddp_ext.runner.ddp_setup import (checked_ext_cfg, resolve_ddp_setup,
-                                        wrapper_cfg)
-from mmddp_ext.runner.ext_runner import EXT_CFG_DEFAULTS
+from mmddp_ext.runner.ddp_setup import (EXT_CFG_DEFAULTS, checked_ext_cfg,
+                                        resolve_ddp_setup, wrapper_cfg)
 
 ON = dict(EXT_CFG_DEFAULTS, auto_ddp=True, checkpoint_conflict='disable',
           empty_gt_guard=dict(policy='keep'))

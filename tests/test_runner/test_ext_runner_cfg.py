@@ -1,7 +1,8 @@
 """``mmddp_ext_cfg`` is checked when ``ExtRunner`` is built."""
 import pytest
 
-from mmddp_ext.runner.ext_runner import EXT_CFG_DEFAULTS, ExtRunner
+from mmddp_ext.runner.ddp_setup import EXT_CFG_DEFAULTS
+from mmddp_ext.runner.ext_runner import ExtRunner
 from ..helpers import ToyModel
 
 
