@@ -26,6 +26,9 @@
 #                       your config has no model_wrapper_cfg; a
 #                       find_unused_parameters key is its explicit choice)
 #   checkpoint_conflict CheckpointConflictHook policy for with_cp + DDP
+#   cpu_amp             AmpOptimWrapper recipes train in mixed precision on
+#                       CPU ranks too (float16 autocast + GradScaler('cpu'),
+#                       as on GPUs; on by default); False: float32 there
 #   empty_gt_guard      empty_gt_guard_collate for train_dataloader (only
 #                       when it names no collate_fn; never val/test)
 #   empty_gt_stats      EmptyGTStatsHook: per-rank empty-GT counts in logs
@@ -40,6 +43,7 @@ runner_type = 'ExtRunner'
 mmddp_ext_cfg = dict(
     auto_ddp=True,
     checkpoint_conflict='non_reentrant',
+    cpu_amp=True,
     # 'keep' trains on exactly what the sampler drew; it is right with
     # DDP-safe heads and with mmdet's DINO. Use policy='swap' for heads
     # that are not DDP-safe.

@@ -11,10 +11,12 @@ twin and the report says so:
   autograd-aware all-reduce over the gloo group (one in the forward, one
   in the backward); the GPU layers gather per-rank statistics instead, so
   the collectives the report lists for these layers are the twin's.
-- AMP (``AmpOptimWrapper``): runs in float32 with a plain
-  ``OptimWrapper`` (``mmddp_ext.runner.ddp_setup.cpu_optim_wrapper_cfg``,
-  as ``ExtRunner`` does on CPU ranks); loss scaling does not change which
-  parameters get gradients or which collectives run.
+- AMP (``AmpOptimWrapper``): runs as AMP, in the config's autocast dtype
+  on the CPU (``ExtAmpOptimWrapper``, as ``ExtRunner`` runs it on CPU
+  ranks), so a half-precision fault of the model shows in the probe; the
+  loss scaler is off (its scaling changes gradient magnitudes, not which
+  parameters get gradients or which collectives run, and the probe's own
+  backward calls are unscaled).
 - The device: every tensor is on the CPU.
 """
 import contextlib
@@ -115,14 +117,17 @@ def sync_batch_norm_layers(model: nn.Module) -> int:
     return sum(isinstance(m, classes) for m in model.modules())
 
 
-def describe_twins(sync_bn_layers: int, amp: bool) -> List[str]:
-    """One phrase per twin the probe used."""
+def describe_twins(sync_bn_layers: int, precision=None) -> List[str]:
+    """One phrase per twin the probe used (``precision``: the
+    :class:`~mmddp_ext.runner.ddp_setup.Precision` of the probe's optimizer
+    wrapper, None without one)."""
     used = []
     if sync_bn_layers:
         used.append(f'{sync_bn_layers} SyncBatchNorm layer(s) ran as the '
                     "doctor's CPU twin (statistics over every rank's batch "
                     'by an all-reduce over gloo)')
-    if amp:
-        used.append('AmpOptimWrapper ran as OptimWrapper in float32')
+    if precision is not None and precision.amp:
+        used.append(f'AMP ran as {precision.dtype} autocast on the CPU '
+                    '(ExtAmpOptimWrapper) without loss scaling')
     used.append('tensors on the CPU')
     return used

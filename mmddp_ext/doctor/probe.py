@@ -132,7 +132,7 @@ class RankProbe:
             first_bucket=first_bucket([p for _, p in self.params]),
             twins=describe_twins(
                 sync_batch_norm_layers(self.model),
-                self.runner.doctor_amp_replaced))
+                self.runner.doctor_precision))
         self.side_group = dist.new_group(backend='gloo')
         self.recorder = CollectiveRecorder(self.side_group)
         if self.gradient_check:

@@ -9,7 +9,9 @@ through a subclass that differs only where CPU ranks or the probe need it:
   its records instead of running it); the model stays on the CPU, and
   ``sync_bn`` converts it as a GPU launch would (its layers then run as
   the CPU twin, see :mod:`.cpu_twins`);
-- ``build_optim_wrapper``: ``AmpOptimWrapper`` becomes ``OptimWrapper``;
+- ``build_optim_wrapper``: an ``AmpOptimWrapper`` runs as AMP on the CPU
+  (``ExtAmpOptimWrapper``, the config's autocast dtype) with loss
+  scaling off (see :mod:`.cpu_twins`);
 - ``build_train_loop``: the config's loop (epoch- or iteration-based, its
   dataloader built as configured) runs the probe's iterations instead of
   its own (:class:`ProbeLoopMixin`);
@@ -30,7 +32,7 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
-from ..runner.ddp_setup import cpu_optim_wrapper_cfg
+from ..runner.ddp_setup import resolve_precision
 
 # Keys the probe unsets: it never validates, tests or saves.
 UNSET_KEYS = ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader',
@@ -84,7 +86,7 @@ class _ProbeRunnerMixin:
     """Put before the config's runner class (see the module docstring)."""
 
     doctor_probe = None
-    doctor_amp_replaced = False
+    doctor_precision = None
 
     def wrap_model(self, model_wrapper_cfg, model: nn.Module) -> nn.Module:
         from mmengine.model import convert_sync_batchnorm
@@ -95,9 +97,14 @@ class _ProbeRunnerMixin:
         return model
 
     def build_optim_wrapper(self, optim_wrapper):
-        plain = cpu_optim_wrapper_cfg(optim_wrapper)
-        self.doctor_amp_replaced = plain is not optim_wrapper
-        return super().build_optim_wrapper(plain)
+        if isinstance(optim_wrapper, dict):
+            # What a GPU launch runs, whatever the runner type.
+            self.doctor_precision = resolve_precision(optim_wrapper, 'cpu')
+            optim_wrapper = self.doctor_precision.optim_wrapper
+            if self.doctor_precision.amp:
+                optim_wrapper = type(optim_wrapper)(
+                    optim_wrapper, loss_scale=dict(enabled=False))
+        return super().build_optim_wrapper(optim_wrapper)
 
     def build_train_loop(self, loop):
         built = super().build_train_loop(loop)

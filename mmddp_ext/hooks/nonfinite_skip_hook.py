@@ -11,6 +11,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
 from mmengine.registry import HOOKS
 
+from ..optim.ext_amp_optim_wrapper import back_off_loss_scale
 from ..utils.side_channel import SideChannel
 from ..utils.text import ranks_text
 from ..utils.torch_private import flatten, unflatten
@@ -53,7 +54,11 @@ class NonFiniteSkipHook(Hook):
     validation, checkpoints and EMA never see them. With gradient
     accumulation, a non-finite loss in any accumulated iteration skips the
     step. Skipping needs a single ``OptimWrapper``; with an
-    ``OptimWrapperDict`` the hook does nothing but warn.
+    ``OptimWrapperDict`` the hook does nothing but warn. Under AMP the hook
+    skips on a non-finite *loss* and lowers a dynamic loss scale as the
+    scaler would have; the scaler keeps skipping on its own the steps whose
+    gradients overflow with a finite loss (while the scale settles), which
+    this hook neither repeats nor counts, so they never stop training.
 
     Cost: the all-reduce of one float per rank per iteration.
 
@@ -226,7 +231,7 @@ class NonFiniteSkipHook(Hook):
         where = '; '.join(f'rank {r}: {keys_text(per_rank[r]) or "loss"}'
                           for r in bad_ranks)
         self._message_hub.update_scalar(SKIPS_SCALAR, self.total_skips)
-        restored = self._restore_buffers(bad_ranks)
+        restored = self._restore_buffers(bad_ranks) + self._back_off_scale()
         if self.consecutive_skips >= self.max_consecutive_skips:
             raise NonFiniteLossError(
                 f'NonFiniteSkipHook: {self.consecutive_skips} optimizer '
@@ -245,6 +250,28 @@ class NonFiniteSkipHook(Hook):
             f'{self.max_consecutive_skips} in a row){restored}.',
             logger='current',
             level=logging.WARNING)
+
+    def _back_off_scale(self) -> str:
+        """Under AMP with a dynamic loss scale, lower the scale as the
+        scaler would have: it never saw this step, whose non-finite loss
+        makes non-finite gradients, on which the scaler skips and backs
+        off. The step is skipped once, by this hook (the scaler's own
+        skips, on overflowing gradients of a finite loss, are its own and
+        do not count here); every rank backs off alike.
+
+        Returns:
+            str: What was done, for the log line.
+        """
+        wrapper = self._optim_wrapper
+        scale = None
+        if not hasattr(wrapper, 'back_off'):  # any other AMP wrapper
+            scale = back_off_loss_scale(wrapper)
+        elif wrapper.dynamic_scale:  # ExtAmpOptimWrapper keeps its count
+            wrapper.back_off()
+            scale = wrapper.loss_scaler.get_scale()
+        if scale is None:
+            return ''
+        return f'; loss scale lowered to {scale:g}, as AMP\'s scaler does'
 
     def _restore_buffers(self, bad_ranks: List[int]) -> str:
         """Copy the model's buffers from the lowest healthy rank to the

@@ -1,3 +1,4 @@
+from .ext_amp_optim_wrapper import ExtAmpOptimWrapper
 from .regex_optim_wrapper_constructor import RegexOptimWrapperConstructor
 
-__all__ = ['RegexOptimWrapperConstructor']
+__all__ = ['ExtAmpOptimWrapper', 'RegexOptimWrapperConstructor']
