@@ -213,15 +213,10 @@ def apply_resume(args, cfg) -> None:
 
 
 def is_ext_runner(cfg) -> bool:
-    """Whether ``cfg.runner_type`` is ExtRunner or derived from it."""
-    from mmengine.registry import RUNNERS
-
-    from mmddp_ext import ExtRunner
-    scope = cfg.get('default_scope')
-    with RUNNERS.switch_scope_and_registry(scope) as registry:
-        runner_type = registry.get(cfg.get('runner_type', 'Runner'))
-    return isinstance(runner_type, type) and issubclass(
-        runner_type, ExtRunner)
+    """Whether ``cfg.runner_type`` is ExtRunner or derived from it (the
+    runner's own test, :func:`mmddp_ext.runner.ddp_setup.opted_in`)."""
+    from mmddp_ext.runner.ddp_setup import opted_in
+    return opted_in(cfg)
 
 
 def run(build_cfg_fn, args, mode: str = 'train',

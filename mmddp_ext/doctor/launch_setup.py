@@ -1,13 +1,8 @@
 """What a launch of a config on N GPUs would use, read with the runner's
 own resolver (:mod:`mmddp_ext.runner.ddp_setup`)."""
 import datetime
-from typing import Optional
 
-from mmengine.registry import RUNNERS
-
-from ..runner.ddp_setup import (EXT_CFG_DEFAULTS, DDPSetup, checked_ext_cfg,
-                                resolve_ddp_setup)
-from ..runner.ext_runner import ExtRunner
+from ..runner.ddp_setup import DDPSetup, resolve_ddp_setup
 from ..utils.dist_env import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
@@ -20,26 +15,11 @@ def import_custom_modules(cfg) -> None:
         import_modules_from_strings(**custom)
 
 
-def runner_class(cfg) -> Optional[type]:
-    runner_type = cfg.get('runner_type') or 'Runner'
-    cls = (RUNNERS.get(runner_type)
-           if isinstance(runner_type, str) else runner_type)
-    return cls if isinstance(cls, type) else None
-
-
 def launch_setup(cfg, device: str = 'cuda') -> DDPSetup:
-    """The DDP set-up of a launch of ``cfg`` on ``device``. An invalid
-    ``mmddp_ext_cfg`` resolves with the defaults (the static config check
-    reports it)."""
-    cls = runner_class(cfg)
-    ext_cfg = None
-    if cls is not None and issubclass(cls, ExtRunner):
-        try:
-            ext_cfg = checked_ext_cfg(
-                cfg.get('mmddp_ext_cfg'), EXT_CFG_DEFAULTS)
-        except (TypeError, ValueError):
-            ext_cfg = dict(EXT_CFG_DEFAULTS)
-    return resolve_ddp_setup(cfg, ext_cfg, device)
+    """The DDP set-up of a launch of ``cfg`` on ``device``, as the runner
+    resolves it. An invalid ``mmddp_ext_cfg`` resolves with the defaults
+    (the static config check reports it)."""
+    return resolve_ddp_setup(cfg, device=device)
 
 
 def collective_timeout_s(cfg, setup: DDPSetup) -> float:

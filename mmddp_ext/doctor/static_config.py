@@ -5,6 +5,7 @@ from typing import Any, List
 
 import torch.nn as nn
 
+from ..hooks.rank_consistency_hook import MOVED_TO_NONFINITE_SKIP
 from ..runner.ddp_setup import EXT_CFG_DEFAULTS, DDPSetup, checked_ext_cfg
 from ..utils.text import shorten
 from ..utils.torch_private import BatchNormBase
@@ -213,6 +214,22 @@ def check_coherence(cfg, setup: DDPSetup) -> Check:
                                                       1)
                     if close:
                         known.setdefault(close[0], given[key])
+                checks = known.get('rank_consistency')
+                if isinstance(checks, dict) and set(checks) & set(
+                        MOVED_TO_NONFINITE_SKIP):
+                    known['rank_consistency'] = {
+                        k: v
+                        for k, v in checks.items()
+                        if k not in MOVED_TO_NONFINITE_SKIP
+                    }
+                    if checks.get('skip_nonfinite', True) is False:
+                        known['nonfinite_skip'] = None
+                    else:
+                        known.setdefault('nonfinite_skip', {
+                            k: v
+                            for k, v in checks.items()
+                            if k == 'max_consecutive_skips'
+                        })
                 fix = [f'mmddp_ext_cfg = {known!r}  # accepted keys: '
                        f"{', '.join(sorted(EXT_CFG_DEFAULTS))}"]
             return Check(

@@ -10,19 +10,16 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 from ..utils.side_channel import SideChannel
-from . import nonfinite_skip_hook
 from .loss_tap import add_loss_listener, remove_loss_listener
 from .rank_fingerprint import (COMPARED_FIELDS, FINGERPRINT_FIELDS, UNKNOWN,
                                RankDivergenceError, collective_count,
                                describe_divergence, gt_boxes_in,
                                loss_keys_hash)
 
-NonFiniteSkipHook = nonfinite_skip_hook.NonFiniteSkipHook
-# Defined here before non-finite step skipping became NonFiniteSkipHook;
-# importing them from here still works.
-NonFiniteLossError = nonfinite_skip_hook.NonFiniteLossError
-SKIPS_SCALAR = nonfinite_skip_hook.SKIPS_SCALAR
-DEPRECATED_SKIP_ARGS = ('skip_nonfinite', 'max_consecutive_skips')
+# Arguments this hook took before NonFiniteSkipHook did the skipping; it
+# refuses them, naming where they belong (mmddp_ext_cfg is checked the same
+# way in runner/ddp_setup.py).
+MOVED_TO_NONFINITE_SKIP = ('skip_nonfinite', 'max_consecutive_skips')
 
 
 @HOOKS.register_module()
@@ -64,8 +61,9 @@ class RankConsistencyHook(Hook):
     blocks the host, so a rank stuck in an extra one does not reach the
     check; the collective timeout ends that run.)
 
-    Skipping steps with a non-finite loss is :class:`NonFiniteSkipHook`'s
-    job (``mmddp_ext_cfg.nonfinite_skip``).
+    It checks and nothing else: skipping steps with a non-finite loss is
+    :class:`~mmddp_ext.hooks.NonFiniteSkipHook`'s job
+    (``mmddp_ext_cfg.nonfinite_skip``).
 
     Cost: on a checked iteration, an all-gather of six integers per rank.
 
@@ -75,14 +73,11 @@ class RankConsistencyHook(Hook):
             at once). Defaults to 10.
         check_every (int): After those, check every ``check_every``-th
             iteration; 0 checks no more. Defaults to 50.
-        skip_nonfinite (bool, optional): Deprecated: skipping is
-            :class:`NonFiniteSkipHook`'s job. Unless False, a
-            :class:`NonFiniteSkipHook` runs inside this hook, with a
-            warning, when the runner has none of its own (as before the
-            split). Defaults to None.
-        max_consecutive_skips (int, optional): Deprecated: the argument of
-            that :class:`NonFiniteSkipHook`. Defaults to None (its
-            default, 5).
+
+    Raises:
+        TypeError: ``skip_nonfinite`` or ``max_consecutive_skips`` is given
+            (arguments of ``NonFiniteSkipHook``), or another unknown
+            argument.
     """
 
     priority = 'VERY_HIGH'
@@ -90,8 +85,20 @@ class RankConsistencyHook(Hook):
     def __init__(self,
                  check_first: int = 10,
                  check_every: int = 50,
-                 skip_nonfinite: Optional[bool] = None,
-                 max_consecutive_skips: Optional[int] = None) -> None:
+                 **unknown: Any) -> None:
+        moved = sorted(set(unknown) & set(MOVED_TO_NONFINITE_SKIP))
+        if moved:
+            raise TypeError(
+                f'RankConsistencyHook got {moved}, but it only checks that '
+                'the ranks agree; skipping steps with a non-finite loss is '
+                "NonFiniteSkipHook's. Remove them here and add "
+                "dict(type='NonFiniteSkipHook', max_consecutive_skips=N) to "
+                'custom_hooks (mmddp_ext_cfg.nonfinite_skip=dict(...) with '
+                'ExtRunner) to skip such steps.')
+        if unknown:
+            raise TypeError(
+                'RankConsistencyHook got unexpected argument(s) '
+                f'{sorted(unknown)}; it takes check_first and check_every.')
         _check_int(
             'check_first',
             check_first,
@@ -103,22 +110,9 @@ class RankConsistencyHook(Hook):
             minimum=0,
             meaning='check every N-th iteration after check_first, 0 for '
             'never')
-        if not isinstance(skip_nonfinite, (bool, type(None))):
-            raise TypeError(
-                'RankConsistencyHook: skip_nonfinite must be True (skip '
-                'non-finite steps on every rank) or False, but got '
-                f'{skip_nonfinite!r} ({type(skip_nonfinite).__name__}).')
         self.check_first = check_first
         self.check_every = check_every
         self.checks = 0
-        # Deprecated: skipping inside this hook, for configs from before
-        # NonFiniteSkipHook; used at before_train unless the runner has one.
-        self._legacy_skip: Optional[NonFiniteSkipHook] = None
-        if skip_nonfinite is not False:
-            self._legacy_skip = NonFiniteSkipHook(
-                **({} if max_consecutive_skips is None else dict(
-                    max_consecutive_skips=max_consecutive_skips)))
-        self.nonfinite_skip: Optional[NonFiniteSkipHook] = None
         self._iters_seen = 0
         self._iteration = 0
         self._check_now = False
@@ -129,12 +123,6 @@ class RankConsistencyHook(Hook):
         self._model = None
         self._saw_losses = False
         self._in_train_iter = False
-
-    @property
-    def total_skips(self) -> int:
-        """Steps skipped by the deprecated skipping in this hook."""
-        skip = self.nonfinite_skip
-        return 0 if skip is None else skip.total_skips
 
     # ---------------------------------------------------------------- hooks
     def before_train(self, runner) -> None:
@@ -152,20 +140,6 @@ class RankConsistencyHook(Hook):
                   f'{self._side.kind}' if self._side is not None else
                   'a single process: nothing to compare')
         print_log(f'RankConsistencyHook: {checks}.', logger='current')
-        if self._legacy_skip is not None and not any(
-                isinstance(hook, NonFiniteSkipHook)
-                for hook in getattr(runner, 'hooks', [])):
-            print_log(
-                'RankConsistencyHook: skipping non-finite steps in this hook '
-                "is deprecated; it is NonFiniteSkipHook's job "
-                "(custom_hooks=[dict(type='NonFiniteSkipHook')], or "
-                'mmddp_ext_cfg.nonfinite_skip=dict() with ExtRunner). It '
-                'runs here for now; set skip_nonfinite=False here once '
-                'NonFiniteSkipHook is on, or to stop skipping.',
-                logger='current',
-                level=logging.WARNING)
-            self.nonfinite_skip = self._legacy_skip
-            self.nonfinite_skip.before_train(runner)
 
     def before_train_iter(self,
                           runner,
@@ -182,9 +156,6 @@ class RankConsistencyHook(Hook):
             if self._side is not None:
                 self._collectives_at_start = collective_count(
                     dist.group.WORLD)
-        if self.nonfinite_skip is not None:
-            self.nonfinite_skip.before_train_iter(runner, batch_idx,
-                                                  data_batch)
 
     def after_train_iter(self,
                          runner,
@@ -193,9 +164,6 @@ class RankConsistencyHook(Hook):
                          outputs: Optional[dict] = None) -> None:
         self._batch = None
         self._in_train_iter = False
-        if self.nonfinite_skip is not None:
-            self.nonfinite_skip.after_train_iter(
-                runner, batch_idx, data_batch=data_batch, outputs=outputs)
         if self._iters_seen == 1 and not self._saw_losses:
             print_log(
                 "RankConsistencyHook: the model's train_step did not call "
@@ -211,8 +179,6 @@ class RankConsistencyHook(Hook):
             f'RankConsistencyHook: {self.checks} consistency check(s) '
             'passed.',
             logger='current')
-        if self.nonfinite_skip is not None:
-            self.nonfinite_skip.after_train(runner)
 
     # ---------------------------------------------------------- consistency
     def _on_losses(self, losses: dict, parsed_loss: Any,

@@ -40,6 +40,18 @@ def read_rank_status(world_size: int,
     return status
 
 
+def trained_iters(runner) -> int:
+    """``runner.iter`` where the runner has its training loop; 0 for one
+    that only validates or tests. ``runner.iter`` builds the training loop,
+    and with it the training dataloader and dataset, on a runner that has
+    none yet (``runner.val()`` or ``runner.test()`` on their own);
+    MMEngine's own ``LoggerHook`` and ``LogProcessor`` check the same way."""
+    loop = getattr(runner, '_train_loop', None)
+    if loop is None or isinstance(loop, dict):
+        return 0
+    return runner.iter
+
+
 @HOOKS.register_module()
 class RankStatusHook(Hook):
     """Publish each rank's iteration and phase in the process group's store.
@@ -49,7 +61,9 @@ class RankStatusHook(Hook):
     it reached, instead of torch's bare timeout message. Each update is one
     small write to the store (about a tenth of a millisecond), at the start
     and end of every train iteration and around validation and checkpoint
-    saving. ``ExtRunner`` registers this hook itself.
+    saving. ``ExtRunner`` registers this hook itself. A runner that only
+    validates or tests reports iteration 0 (:func:`trained_iters`): it
+    builds no training loop or dataset for this hook.
     """
 
     priority = 'HIGHEST'
@@ -80,7 +94,7 @@ class RankStatusHook(Hook):
         self._report(runner.iter + 1, 'after train step (hooks)')
 
     def before_val(self, runner) -> None:
-        self._report(runner.iter, 'validation')
+        self._report(trained_iters(runner), 'validation')
 
     def before_save_checkpoint(self, runner, checkpoint) -> None:
-        self._report(runner.iter, 'saving checkpoint')
+        self._report(trained_iters(runner), 'saving checkpoint')

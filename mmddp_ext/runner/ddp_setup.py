@@ -1,8 +1,13 @@
 """The DDP set-up a launch of a config resolves to, decided in one place.
 
-``ExtRunner.wrap_model`` builds its wrapper from :func:`resolve_ddp_setup`,
-and the DDP doctor reads the same function to say what a launch on N GPUs
-would use. The rules, in order:
+This module is the one front door for what ``mmddp_ext_cfg`` and the
+config decide about a launch: the keys' defaults (:data:`EXT_CFG_DEFAULTS`,
+:func:`checked_ext_cfg`), whether the config is an ``ExtRunner`` one
+(:func:`opted_in`, :func:`ext_cfg_of`), the hooks ``ExtRunner`` registers
+with their arguments (:func:`ext_hooks`) and the wrapper with its
+``device_ids`` (:func:`resolve_ddp_setup`, :func:`ddp_device_ids`).
+``ExtRunner``, the DDP doctor and ``tools/train.py`` read them here. The
+rules of :func:`resolve_ddp_setup`, in order:
 
 - wrapper: ``model_wrapper_cfg`` when the config sets it (a top-level
   ``find_unused_parameters`` is then ignored, as stock MMEngine ignores
@@ -11,6 +16,10 @@ would use. The rules, in order:
   choice (None lets AutoDDP decide); else stock MMEngine's default,
   ``MMDistributedDataParallel(broadcast_buffers=False,
   find_unused_parameters=bool(find_unused_parameters))``;
+- ``device_ids`` (for a wrapper derived from ``DistributedDataParallel``,
+  unless ``model_wrapper_cfg`` sets them): ``[index]`` of the rank's CUDA
+  device, None on CPU ranks (DDP refuses them there; stock MMEngine
+  passes ``[LOCAL_RANK]`` always);
 - ``sync_bn``: converts the model on a GPU launch; on CPU ranks
   ``ExtRunner`` skips it (torch's ``SyncBatchNorm`` runs on GPUs only);
 - activation-checkpointing policy: a ``CheckpointConflictHook`` listed in
@@ -18,19 +27,24 @@ would use. The rules, in order:
   ``mmddp_ext_cfg.checkpoint_conflict``;
 - train collate function: the dataloader's own ``collate_fn`` wins over
   ``mmddp_ext_cfg.empty_gt_guard``; stock MMEngine's is
-  ``pseudo_collate``.
+  ``pseudo_collate``;
+- hooks: those of :func:`ext_hooks`; one the config lists itself (in
+  ``custom_hooks``) runs with the config's arguments instead.
 
 ``mmddp_ext_cfg`` takes effect only with ``ExtRunner`` (or a subclass);
 a config on another runner resolves as if every key were off.
 """
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
+import torch
 from mmengine.registry import HOOKS, MODEL_WRAPPERS
+from torch.nn.parallel import DistributedDataParallel
 
 from ..hooks.checkpoint_conflict_hook import CheckpointConflictHook
-from ..hooks.rank_consistency_hook import RankConsistencyHook
+from ..hooks.rank_consistency_hook import (MOVED_TO_NONFINITE_SKIP,
+                                           RankConsistencyHook)
 from ..wrappers.auto_ddp import AutoDDP
 
 STOCK_WRAPPER = 'MMDistributedDataParallel'
@@ -50,13 +64,20 @@ EXT_CFG_DEFAULTS = dict(
 )
 
 
-def checked_ext_cfg(given: Any, defaults: Dict[str, Any]) -> Dict[str, Any]:
-    """``mmddp_ext_cfg`` (``given``, None for unset) over ``defaults``.
+def checked_ext_cfg(
+        given: Any,
+        defaults: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """``mmddp_ext_cfg`` (``given``, None for unset) over ``defaults``
+    (:data:`EXT_CFG_DEFAULTS` unless given).
 
     Raises:
-        TypeError: ``given`` is not a dict.
-        ValueError: ``given`` has keys ``defaults`` does not know.
+        TypeError: ``given`` is not a dict, or ``finite_predictions`` is
+            not a bool.
+        ValueError: ``given`` has keys ``defaults`` does not know, or
+            ``rank_consistency`` sets a key that belongs to
+            ``nonfinite_skip``.
     """
+    defaults = EXT_CFG_DEFAULTS if defaults is None else defaults
     given = given or {}
     if not isinstance(given, dict):
         raise TypeError('mmddp_ext_cfg must be a dict, but got '
@@ -66,7 +87,120 @@ def checked_ext_cfg(given: Any, defaults: Dict[str, Any]) -> Dict[str, Any]:
         raise ValueError(
             f'mmddp_ext_cfg has unknown key(s) {unknown}; accepted keys '
             f'are {sorted(defaults)}.')
-    return dict(defaults, **given)
+    ext = dict(defaults, **given)
+    finite = ext.get('finite_predictions', True)
+    if not isinstance(finite, bool):
+        raise TypeError(
+            'mmddp_ext_cfg.finite_predictions must be True (score '
+            'non-finite predictions as misses) or False (stock '
+            f'evaluation), but got {finite!r} ({type(finite).__name__}).')
+    checks = ext.get('rank_consistency')
+    moved = sorted(
+        set(checks if isinstance(checks, dict) else ())
+        & set(MOVED_TO_NONFINITE_SKIP))
+    if moved:
+        raise ValueError(
+            f'mmddp_ext_cfg.rank_consistency sets {moved}, but '
+            'RankConsistencyHook only checks that the ranks agree; skipping '
+            "steps with a non-finite loss is NonFiniteSkipHook's, under "
+            'mmddp_ext_cfg.nonfinite_skip. Remove them from rank_consistency '
+            'and set nonfinite_skip=dict(max_consecutive_skips=N) to skip '
+            '(N defaults to 5), or nonfinite_skip=None not to.')
+    return ext
+
+
+def runner_class(cfg) -> Optional[type]:
+    """The class ``cfg.runner_type`` names (``Runner`` when unset), looked
+    up in the config's ``default_scope``; None when no registry knows it."""
+    from mmengine.registry import RUNNERS
+    runner_type = cfg.get('runner_type') or 'Runner'
+    if isinstance(runner_type, type):
+        return runner_type
+    with RUNNERS.switch_scope_and_registry(
+            cfg.get('default_scope')) as registry:
+        cls = registry.get(runner_type)
+    return cls if isinstance(cls, type) else None
+
+
+def opted_in(cfg) -> bool:
+    """Whether ``mmddp_ext_cfg`` takes effect for ``cfg``: its runner is
+    ``ExtRunner`` or derives from it."""
+    from .ext_runner import ExtRunner  # ext_runner imports this module
+    cls = runner_class(cfg)
+    return cls is not None and issubclass(cls, ExtRunner)
+
+
+def ext_cfg_of(cfg, strict: bool = True) -> Optional[Dict[str, Any]]:
+    """``cfg``'s ``mmddp_ext_cfg`` with its defaults, checked; None when
+    the runner is not an ``ExtRunner`` (every key off).
+
+    Args:
+        cfg (Config): The config.
+        strict (bool): Raise on an invalid ``mmddp_ext_cfg``, as
+            ``ExtRunner`` does at start-up; False gives the defaults
+            instead (the DDP doctor reports the error in a check of its
+            own). Defaults to True.
+    """
+    if not opted_in(cfg):
+        return None
+    try:
+        return checked_ext_cfg(cfg.get('mmddp_ext_cfg'))
+    except (TypeError, ValueError):
+        if strict:
+            raise
+        return dict(EXT_CFG_DEFAULTS)
+
+
+def ext_hooks(
+        ext_cfg: Optional[Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]]]:
+    """The hooks ``ExtRunner`` registers beside the config's, as ``(type
+    name, keyword arguments)``, in this order: ``SafeCheckpointHook`` and
+    ``RankStatusHook`` always, then those ``ext_cfg`` switches on.
+
+    Args:
+        ext_cfg (dict, optional): ``mmddp_ext_cfg`` as
+            :func:`checked_ext_cfg` gives it; None for a runner that is not
+            an ``ExtRunner`` (no hooks).
+
+    ``ExtRunner.register_hooks`` leaves out a hook whose type the runner
+    already has (the config's, which keeps the config's arguments).
+    """
+    if ext_cfg is None:
+        return []
+    hooks: List[Tuple[str, Dict[str, Any]]] = [('SafeCheckpointHook', {}),
+                                               ('RankStatusHook', {})]
+    if ext_cfg['checkpoint_conflict'] is not None:
+        hooks.append(('CheckpointConflictHook',
+                      dict(policy=ext_cfg['checkpoint_conflict'])))
+    if ext_cfg['empty_gt_stats']:
+        hooks.append(('EmptyGTStatsHook', {}))
+    if ext_cfg['finite_predictions']:
+        hooks.append(('FinitePredictionsHook', {}))
+    if ext_cfg['rank_consistency'] is not None:
+        hooks.append(('RankConsistencyHook',
+                      dict(ext_cfg['rank_consistency'])))
+    if ext_cfg['nonfinite_skip'] is not None:
+        hooks.append(('NonFiniteSkipHook', dict(ext_cfg['nonfinite_skip'])))
+    return hooks
+
+
+def ddp_device_ids(device: Union[str, torch.device]) -> Optional[List[int]]:
+    """``device_ids`` for ``DistributedDataParallel`` wrapping a model on
+    ``device``: ``[index]`` for one CUDA device, None for any other device
+    (DDP refuses ``device_ids`` for a CPU model).
+
+    Raises:
+        ValueError: ``device`` is CUDA without an index (the device a rank
+            uses is known on that rank only).
+    """
+    device = torch.device(device)
+    if device.type != 'cuda':
+        return None
+    if device.index is None:
+        raise ValueError(
+            "ddp_device_ids needs the rank's own device, e.g. "
+            f"torch.device('cuda', 0), but got {str(device)!r}.")
+    return [device.index]
 
 
 def _resolves_to(registry, type_name: Any, base: type) -> bool:
@@ -86,7 +220,8 @@ def listed_hook(cfg, base: type) -> Optional[dict]:
 
 def wrapper_cfg(model_wrapper_cfg: Optional[dict], auto_ddp: bool,
                 find_unused: Optional[bool]) -> Dict[str, Any]:
-    """The ``model_wrapper_cfg`` a distributed launch builds (a copy)."""
+    """The ``model_wrapper_cfg`` a distributed launch builds (a copy),
+    before ``device_ids``."""
     if model_wrapper_cfg is None and auto_ddp:
         return dict(
             type='AutoDDP',
@@ -136,6 +271,8 @@ class DDPSetup:
             None without that hook.
         rank_consistency (bool): ``RankConsistencyHook`` is on.
         collate (dict): The train ``collate_fn`` config in effect.
+        hooks (list[tuple[str, dict]]): The hooks ``ExtRunner`` adds
+            (:func:`ext_hooks`) but for those ``custom_hooks`` lists.
     """
     runner_type: str
     opted_in: bool
@@ -149,6 +286,7 @@ class DDPSetup:
     checkpoint_policy: Optional[str] = None
     rank_consistency: bool = False
     collate: Dict[str, Any] = field(default_factory=dict)
+    hooks: List[Tuple[str, Dict[str, Any]]] = field(default_factory=list)
 
     def describe(self) -> str:
         flag = ('decided by AutoDDP after its first step'
@@ -159,8 +297,8 @@ class DDPSetup:
 
 
 def resolve_ddp_setup(cfg,
-                      ext_cfg: Optional[Dict[str, Any]],
-                      device: str = 'cuda',
+                      ext_cfg: Any = _FROM_CFG,
+                      device: Union[str, torch.device] = 'cuda',
                       model_wrapper_cfg: Any = _FROM_CFG) -> DDPSetup:
     """Resolve ``cfg``'s DDP set-up for a launch on ``device``.
 
@@ -168,27 +306,37 @@ def resolve_ddp_setup(cfg,
         cfg (Config): The config.
         ext_cfg (dict, optional): ``mmddp_ext_cfg`` with its defaults, as
             ``ExtRunner.ext_cfg`` gives it; None when the runner is not an
-            ``ExtRunner`` (every key off).
-        device (str): ``'cuda'`` for a GPU launch, ``'cpu'`` for CPU ranks.
-            Defaults to 'cuda'.
+            ``ExtRunner`` (every key off). Defaults to
+            ``ext_cfg_of(cfg, strict=False)``.
+        device (str | torch.device): ``'cuda'`` for a GPU launch, a CUDA
+            device with its index for one rank's launch (it also sets
+            ``device_ids``), ``'cpu'`` for CPU ranks. Defaults to 'cuda'.
         model_wrapper_cfg (dict, optional): The wrapper config the runner
             got; defaults to ``cfg.model_wrapper_cfg``.
     """
+    if ext_cfg is _FROM_CFG:
+        ext_cfg = ext_cfg_of(cfg, strict=False)
     ext = dict(ext_cfg or {})
+    device = torch.device(device)
     given_wrapper = (cfg.get('model_wrapper_cfg')
                      if model_wrapper_cfg is _FROM_CFG else model_wrapper_cfg)
     resolved = wrapper_cfg(given_wrapper, bool(ext.get('auto_ddp')),
                            cfg.get('find_unused_parameters', None))
     wrapper = resolved['type']
+    if (_resolves_to(MODEL_WRAPPERS, wrapper, DistributedDataParallel)
+            and (device.type != 'cuda' or device.index is not None)):
+        resolved.setdefault('device_ids', ddp_device_ids(device))
     auto_ddp = _resolves_to(MODEL_WRAPPERS, wrapper, AutoDDP)
     find_unused = resolved.get('find_unused_parameters', None)
     if not auto_ddp:
         find_unused = bool(find_unused)
     sync_bn = cfg.get('sync_bn', None)
-    skipped = sync_bn is not None and device == 'cpu'
+    skipped = sync_bn is not None and device.type == 'cpu'
 
+    hooks = [(name, kwargs) for name, kwargs in ext_hooks(ext_cfg)
+             if listed_hook(cfg, HOOKS.get(name)) is None]
     listed = listed_hook(cfg, CheckpointConflictHook)
-    policy = ext.get('checkpoint_conflict')
+    policy = dict(hooks).get('CheckpointConflictHook', {}).get('policy')
     if listed is not None:
         policy = listed.get('policy', 'non_reentrant')
     collate = train_collate_cfg(cfg.get('train_dataloader'), ext)
@@ -204,10 +352,10 @@ def resolve_ddp_setup(cfg,
         sync_bn=None if skipped else sync_bn,
         sync_bn_skipped=skipped,
         checkpoint_policy=policy,
-        rank_consistency=(
-            ext.get('rank_consistency') is not None
-            or listed_hook(cfg, RankConsistencyHook) is not None),
-        collate=dict(collate or STOCK_COLLATE))
+        rank_consistency=('RankConsistencyHook' in dict(hooks)
+                          or listed_hook(cfg, RankConsistencyHook) is not None),
+        collate=dict(collate or STOCK_COLLATE),
+        hooks=hooks)
 
 
 # Keys only AmpOptimWrapper takes.

@@ -14,12 +14,10 @@ from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmengine.registry import HOOKS, MODEL_WRAPPERS, RUNNERS
+from mmengine.registry import HOOKS, RUNNERS
 from mmengine.runner import Runner
-from torch.nn.parallel import DistributedDataParallel
 
-from ..hooks.rank_status_hook import RankStatusHook, read_rank_status
-from ..hooks.safe_checkpoint_hook import SafeCheckpointHook
+from ..hooks.rank_status_hook import read_rank_status
 from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
 from ..utils.dist_env import (check_launch_environment, init_distributed,
@@ -29,16 +27,13 @@ from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
-from .ddp_setup import (EXT_CFG_DEFAULTS, checked_ext_cfg,
-                        cpu_optim_wrapper_cfg, resolve_ddp_setup,
-                        train_collate_cfg)
+from .ddp_setup import (checked_ext_cfg, cpu_optim_wrapper_cfg, ext_hooks,
+                        resolve_ddp_setup, train_collate_cfg)
 from .formatted_once_config import FormattedOnceConfig
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
                           restart_count)
 
-# rank_consistency keys that belong to nonfinite_skip since the split.
-_SKIP_KEYS_IN_RANK_CONSISTENCY = ('skip_nonfinite', 'max_consecutive_skips')
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
 
 
@@ -164,7 +159,7 @@ class ExtRunner(Runner):
     @property
     def ext_cfg(self) -> dict:
         """``mmddp_ext_cfg`` from the config, checked, with defaults."""
-        return checked_ext_cfg(self.cfg.get('mmddp_ext_cfg'), EXT_CFG_DEFAULTS)
+        return checked_ext_cfg(self.cfg.get('mmddp_ext_cfg'))
 
     def _check_class_counts(self, *args, **kwargs) -> None:
         """Run the class-count check on ``Runner.__init__``'s ``model`` and
@@ -238,12 +233,17 @@ class ExtRunner(Runner):
 
     def wrap_model(self, model_wrapper_cfg: Optional[Dict],
                    model: nn.Module) -> nn.Module:
+        """Differs from ``Runner.wrap_model`` in a distributed run: the
+        wrapper config, its ``device_ids`` (None on CPU ranks, where stock
+        passes ``[LOCAL_RANK]`` and DDP refuses it) and ``sync_bn`` are
+        :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup`'s; ``sync_bn``
+        is skipped on CPU ranks with a warning."""
         if not self.distributed or is_model_wrapper(model):
             return super().wrap_model(model_wrapper_cfg, model)
         setup = resolve_ddp_setup(
             self.cfg,
             self.ext_cfg,
-            device=get_device(),
+            device=rank_device() if get_device() == 'cuda' else get_device(),
             model_wrapper_cfg=model_wrapper_cfg)
         if setup.sync_bn_skipped:
             print_log(
@@ -254,14 +254,7 @@ class ExtRunner(Runner):
                 logger='current',
                 level=logging.WARNING)
             self.cfg.sync_bn = None
-        model_wrapper_cfg = setup.wrapper_cfg
-        wrapper_type = MODEL_WRAPPERS.get(model_wrapper_cfg['type'])
-        if isinstance(wrapper_type, type) and issubclass(
-                wrapper_type, DistributedDataParallel):
-            device = rank_device() if get_device() != 'cpu' else None
-            model_wrapper_cfg.setdefault(
-                'device_ids', None if device is None else [device.index])
-        return super().wrap_model(model_wrapper_cfg, model)
+        return super().wrap_model(setup.wrapper_cfg, model)
 
     def build_optim_wrapper(self, optim_wrapper):
         """Differs from ``Runner.build_optim_wrapper`` on CPU ranks only:
@@ -285,74 +278,20 @@ class ExtRunner(Runner):
             self,
             default_hooks: Optional[Dict[str, Union[Hook, Dict]]] = None,
             custom_hooks: Optional[List[Union[Hook, Dict]]] = None) -> None:
+        """Differs from ``Runner.register_hooks``: adds the hooks of
+        :func:`~mmddp_ext.runner.ddp_setup.ext_hooks` (``SafeCheckpointHook``,
+        ``RankStatusHook`` and those ``mmddp_ext_cfg`` switches on), each
+        unless the runner has one of its type already (listed in the
+        config: that one keeps the config's arguments)."""
         super().register_hooks(default_hooks, custom_hooks)
-        ext = self.ext_cfg
-        wanted = [(SafeCheckpointHook, {}), (RankStatusHook, {})]
-        if ext['checkpoint_conflict'] is not None:
-            wanted.append(('CheckpointConflictHook',
-                           dict(policy=ext['checkpoint_conflict'])))
-        if ext['empty_gt_stats']:
-            wanted.append(('EmptyGTStatsHook', {}))
-        if not isinstance(ext['finite_predictions'], bool):
-            raise TypeError(
-                'mmddp_ext_cfg.finite_predictions must be True (score '
-                'non-finite predictions as misses) or False (stock '
-                'evaluation), but got '
-                f'{ext["finite_predictions"]!r} '
-                f'({type(ext["finite_predictions"]).__name__}).')
-        if ext['finite_predictions']:
-            wanted.append(('FinitePredictionsHook', {}))
-        wanted += self._consistency_and_skip_hooks(ext)
-        for hook_type, kwargs in wanted:
-            cls = HOOKS.get(hook_type) if isinstance(hook_type,
-                                                     str) else hook_type
+        for hook_type, kwargs in ext_hooks(self.ext_cfg):
+            cls = HOOKS.get(hook_type)
             if cls is None:
                 raise ValueError(
                     f'mmddp_ext_cfg switches on {hook_type}, which is not '
                     'registered; is mmddp_ext up to date?')
             if not any(isinstance(h, cls) for h in self._hooks):
                 self.register_hook(cls(**kwargs))
-
-    def _consistency_and_skip_hooks(self, ext: dict) -> list:
-        """RankConsistencyHook and NonFiniteSkipHook as ``mmddp_ext_cfg``
-        asks, reading a config from before their split as it was meant."""
-        wanted = []
-        checks, skip = ext['rank_consistency'], ext['nonfinite_skip']
-        if checks is not None:
-            checks = dict(checks)
-            old = {
-                key: checks.pop(key)
-                for key in _SKIP_KEYS_IN_RANK_CONSISTENCY if key in checks
-            }
-            given = self.cfg.get('mmddp_ext_cfg') or {}
-            if 'nonfinite_skip' not in given:
-                if old.pop('skip_nonfinite', True):
-                    skip = old
-                print_log(
-                    'ExtRunner: mmddp_ext_cfg.rank_consistency no longer '
-                    'switches non-finite step skipping on or off; '
-                    'NonFiniteSkipHook does that, under '
-                    'mmddp_ext_cfg.nonfinite_skip. This config does not set '
-                    'it, so skipping stays as it was '
-                    f"({'on, ' + repr(skip) if skip is not None else 'off'})"
-                    ': set mmddp_ext_cfg.nonfinite_skip=dict(...) (None: '
-                    'off) and remove skip_nonfinite/max_consecutive_skips '
-                    'from rank_consistency.',
-                    logger='current',
-                    level=logging.WARNING)
-            elif old:
-                print_log(
-                    f'ExtRunner: mmddp_ext_cfg.rank_consistency sets {old}, '
-                    'which belong to mmddp_ext_cfg.nonfinite_skip now; '
-                    'ignored, as nonfinite_skip is set.',
-                    logger='current',
-                    level=logging.WARNING)
-            # Skipping is NonFiniteSkipHook's, registered below if wanted.
-            wanted.append(('RankConsistencyHook',
-                           dict(checks, skip_nonfinite=False)))
-        if skip is not None:
-            wanted.append(('NonFiniteSkipHook', dict(skip)))
-        return wanted
 
     def load_checkpoint(self, filename: str, *args, **kwargs):
         with safe_checkpoint_loading(self.cfg.get('trusted_checkpoints')):

@@ -4,7 +4,9 @@ Stock MMEngine assumes one CUDA device per rank: ``init_dist('pytorch')``
 calls ``torch.cuda.set_device`` and ``Runner.wrap_model`` passes
 ``device_ids=[LOCAL_RANK]``. Both fail on a CPU-only torch. Everything in
 mmddp_ext that needs to know which backend or device a rank uses asks the
-functions here instead of branching on ``torch.cuda.is_available()``.
+functions here instead of branching on ``torch.cuda.is_available()``
+(``device_ids`` for a DDP wrapper follow from the device:
+:func:`mmddp_ext.runner.ddp_setup.ddp_device_ids`).
 """
 import atexit
 import datetime
@@ -92,18 +94,6 @@ def rank_device() -> torch.device:
     if gpus == 0:
         return torch.device('cpu')
     return torch.device('cuda', local_rank() % gpus)
-
-
-def ddp_device_ids(module: torch.nn.Module) -> Optional[List[int]]:
-    """``device_ids`` for ``DistributedDataParallel`` wrapping ``module``.
-
-    DDP accepts ``device_ids`` only for a module that lives on one CUDA
-    device; for a CPU module it must be ``None``.
-    """
-    param = next(iter(module.parameters()), None)
-    if param is None or param.device.type != 'cuda':
-        return None
-    return [param.device.index]
 
 
 def _check_torchrun_env(launcher: str) -> None:

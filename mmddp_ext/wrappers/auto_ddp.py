@@ -10,7 +10,6 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
 
 from ..utils.ddp_averaging import average_gradients, broadcast_from_rank0
-from ..utils.dist_env import ddp_device_ids
 from ..utils.side_channel import SideChannel
 from ..utils.text import group_param_names, ranks_text
 from ..utils.torch_private import (ignore_in_ddp, queue_end_of_backward,
@@ -114,9 +113,10 @@ class AutoDDP(MMDistributedDataParallel):
             line is logged if the first step shows a different need.
         detect_anomalous_params (bool): As in ``MMDistributedDataParallel``.
             Defaults to False.
-        **kwargs: Other ``DistributedDataParallel`` arguments, unchanged.
-            ``device_ids``/``output_device`` are dropped for a module that is
-            not on a CUDA device (DDP refuses them there).
+        **kwargs: Other ``DistributedDataParallel`` arguments, unchanged
+            (``ExtRunner`` passes ``device_ids`` as
+            :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup` rules:
+            None on CPU ranks).
     """
 
     woke_log_every = WOKE_LOG_EVERY
@@ -131,9 +131,6 @@ class AutoDDP(MMDistributedDataParallel):
                 'AutoDDP: find_unused_parameters must be None (decide '
                 'automatically), True or False, but got '
                 f'{find_unused_parameters!r}.')
-        if ddp_device_ids(module) is None:
-            kwargs.pop('device_ids', None)
-            kwargs.pop('output_device', None)
         if find_unused_parameters is None:
             # DDP is built after the probe step; until then this object is a
             # plain module holding the model (val/test steps work as usual).

@@ -8,7 +8,7 @@ import torch
 from mmengine.logging import MessageHub
 from mmengine.optim import OptimWrapper
 
-from mmddp_ext.hooks import NonFiniteSkipHook, RankConsistencyHook
+from mmddp_ext.hooks import NonFiniteSkipHook
 from mmddp_ext.hooks.nonfinite_skip_hook import NonFiniteLossError
 from mmddp_ext.hooks.rank_fingerprint import RankDivergenceError
 from ..helpers import build_runner
@@ -89,7 +89,7 @@ def train_dino(work_dir, data_root, iters, overrides):
         error = f'{type(exc).__name__}: {exc}'
     skips = [
         h.total_skips for h in runner.hooks
-        if isinstance(h, (NonFiniteSkipHook, RankConsistencyHook))
+        if isinstance(h, NonFiniteSkipHook)
     ]
     return dict(
         error=error,

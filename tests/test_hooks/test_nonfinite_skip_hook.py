@@ -1,6 +1,6 @@
 """NonFiniteSkipHook: unit tests, real 2-rank DINO training (NaN steps
-skipped on every rank together), and the deprecation path of the skip
-settings that RankConsistencyHook used to hold."""
+skipped on every rank together), and the skip settings RankConsistencyHook
+used to hold, refused there."""
 import time
 
 import pytest
@@ -8,6 +8,7 @@ import torch
 
 from mmddp_ext.hooks import NonFiniteSkipHook, RankConsistencyHook
 from mmddp_ext.hooks.nonfinite_skip_hook import SKIPS_SCALAR
+from mmddp_ext.hooks.rank_consistency_hook import MOVED_TO_NONFINITE_SKIP
 from mmddp_ext.runner import ExtRunner
 from mmddp_ext.testing import run_on_ranks
 from ..helpers import ToyModel, rank0_log
@@ -27,18 +28,28 @@ NONFINITE_SKIP = dict(type='NonFiniteSkipHook')
 def test_config_is_validated(kwargs, error, words):
     with pytest.raises(error, match=words):
         NonFiniteSkipHook(**kwargs)
-    with pytest.raises(error, match=words):  # the deprecated spelling
+
+
+@pytest.mark.parametrize('kwargs', [
+    dict(max_consecutive_skips=2),
+    dict(skip_nonfinite=True),
+    dict(skip_nonfinite=False, check_every=7),
+])
+def test_rank_consistency_hook_refuses_the_skip_arguments(kwargs):
+    with pytest.raises(TypeError) as info:
         RankConsistencyHook(**kwargs)
+    moved = sorted(set(kwargs) & set(MOVED_TO_NONFINITE_SKIP))
+    assert str(info.value).startswith(
+        f'RankConsistencyHook got {moved}, but it only checks that the '
+        "ranks agree; skipping steps with a non-finite loss is "
+        "NonFiniteSkipHook's. Remove them here and add "
+        "dict(type='NonFiniteSkipHook', max_consecutive_skips=N)")
 
 
-@pytest.mark.parametrize('hook_type', [NonFiniteSkipHook, RankConsistencyHook])
-def test_single_process_skips_nonfinite_steps_and_stops_at_the_limit(
-        hook_type):
-    """``RankConsistencyHook(max_consecutive_skips=2)``, as configs wrote
-    it before the split, still skips (through a NonFiniteSkipHook)."""
+def test_single_process_skips_nonfinite_steps_and_stops_at_the_limit():
     from .rank_divergence_models import TinyDivergingModel, tiny_batch
     runner = fake_runner(TinyDivergingModel())
-    hook = hook_type(max_consecutive_skips=2)
+    hook = NonFiniteSkipHook(max_consecutive_skips=2)
     hook.before_train(runner)
     params = [tiny_params(runner.model)]
     outcomes = []
@@ -59,15 +70,26 @@ def test_single_process_skips_nonfinite_steps_and_stops_at_the_limit(
     assert 'step' not in runner.optim_wrapper.__dict__
 
 
-def test_no_double_skipping_beside_a_nonfinite_skip_hook():
+@pytest.mark.parametrize('hooks, skipped', [
+    ([NonFiniteSkipHook], True),
+    ([RankConsistencyHook, NonFiniteSkipHook], True),
+    # Negative control: RankConsistencyHook checks and nothing else (it
+    # skipped by default before the split); the NaN step reaches the
+    # parameters, as with no hook at all.
+    ([RankConsistencyHook], False),
+    ([], False),
+])
+def test_only_nonfinite_skip_hook_skips(hooks, skipped):
     from .rank_divergence_models import TinyDivergingModel, tiny_batch
     runner = fake_runner(TinyDivergingModel())
-    runner.hooks = [RankConsistencyHook(), NonFiniteSkipHook()]
+    runner.hooks = [hook_type() for hook_type in hooks]
     for hook in runner.hooks:
         hook.before_train(runner)
+    before = tiny_params(runner.model)
     train_steps(runner.hooks, runner, [tiny_batch(1)], ['nan_on_0'])
-    assert [h.total_skips for h in runner.hooks] == [0, 1]
-    assert runner.hooks[0].nonfinite_skip is None
+    after = tiny_params(runner.model)
+    assert torch.equal(after, before) is skipped
+    assert bool(torch.isfinite(after).all()) is skipped
     for hook in runner.hooks:
         hook.after_train(runner)
     assert 'parse_losses' not in runner.model.__dict__
@@ -101,34 +123,34 @@ def _hooks_and_log(tmp_path, ext_cfg):
     return hooks, rank0_log(str(tmp_path))
 
 
-@pytest.mark.parametrize('rank_consistency, limit', [
-    (dict(), 5),
-    (dict(max_consecutive_skips=2, check_every=7), 2),
-    (dict(skip_nonfinite=False), None),
+@pytest.mark.parametrize('rank_consistency', [
+    dict(max_consecutive_skips=2, check_every=7),
+    dict(skip_nonfinite=False),
 ])
-def test_configs_from_before_the_split_keep_their_skipping(
-        tmp_path, rank_consistency, limit):
-    hooks, log = _hooks_and_log(tmp_path,
-                                dict(rank_consistency=rank_consistency))
-    assert hooks['RankConsistencyHook'].check_every == rank_consistency.get(
-        'check_every', 50)
-    assert hooks['RankConsistencyHook'].nonfinite_skip is None
-    if limit is None:
-        assert 'NonFiniteSkipHook' not in hooks
-    else:
-        assert hooks['NonFiniteSkipHook'].max_consecutive_skips == limit
-    assert ('mmddp_ext_cfg.rank_consistency no longer switches non-finite '
-            'step skipping on or off; NonFiniteSkipHook does that, under '
-            'mmddp_ext_cfg.nonfinite_skip') in log
+def test_skip_keys_under_rank_consistency_are_refused(tmp_path,
+                                                      rank_consistency):
+    with pytest.raises(ValueError) as info:
+        _hooks_and_log(tmp_path, dict(rank_consistency=rank_consistency))
+    moved = sorted(set(rank_consistency) & set(MOVED_TO_NONFINITE_SKIP))
+    assert str(info.value) == (
+        f'mmddp_ext_cfg.rank_consistency sets {moved}, but '
+        'RankConsistencyHook only checks that the ranks agree; skipping '
+        "steps with a non-finite loss is NonFiniteSkipHook's, under "
+        'mmddp_ext_cfg.nonfinite_skip. Remove them from rank_consistency '
+        'and set nonfinite_skip=dict(max_consecutive_skips=N) to skip (N '
+        'defaults to 5), or nonfinite_skip=None not to.')
 
 
-def test_the_new_key_decides_without_a_warning(tmp_path):
-    hooks, log = _hooks_and_log(
-        tmp_path / 'on', dict(rank_consistency=dict(), nonfinite_skip=dict()))
-    assert {'RankConsistencyHook', 'NonFiniteSkipHook'} <= set(hooks)
-    assert 'no longer switches non-finite step skipping' not in log
+def test_nonfinite_skip_alone_decides_skipping(tmp_path):
     hooks, _ = _hooks_and_log(
-        tmp_path / 'off', dict(rank_consistency=dict(), nonfinite_skip=None))
+        tmp_path / 'on',
+        dict(rank_consistency=dict(check_every=7),
+             nonfinite_skip=dict(max_consecutive_skips=2)))
+    assert hooks['RankConsistencyHook'].check_every == 7
+    assert hooks['NonFiniteSkipHook'].max_consecutive_skips == 2
+    # Before the split, rank_consistency alone also skipped.
+    hooks, _ = _hooks_and_log(tmp_path / 'off', dict(rank_consistency=dict()))
+    assert 'RankConsistencyHook' in hooks
     assert 'NonFiniteSkipHook' not in hooks
 
 

@@ -24,8 +24,11 @@ RANK_CONSISTENCY = dict(type='RankConsistencyHook')
     (dict(check_first=-1), ValueError, 'check_first .* >= 0, but got -1'),
     (dict(check_every=-1), ValueError, 'check_every .* >= 0, but got -1'),
     (dict(check_every=2.5), TypeError, "check_every .* got 2.5 \\(float"),
-    (dict(skip_nonfinite='yes'), TypeError,
-     "skip_nonfinite must be True .* or False, but got 'yes'"),
+    (dict(skip_nonfinite=True), TypeError,
+     "got \\['skip_nonfinite'\\], but it only checks that the ranks agree"),
+    (dict(check_evrey=5), TypeError,
+     "unexpected argument\\(s\\) \\['check_evrey'\\]; it takes "
+     'check_first and check_every'),
 ])
 def test_config_is_validated(kwargs, error, words):
     with pytest.raises(error, match=words):

@@ -1,5 +1,9 @@
 """``sync_bn`` (RT-DETR's configs set it, as upstream) on CPU gloo ranks:
-ExtRunner skips it with a warning; stock conversion breaks the forward."""
+ExtRunner skips it with a warning; stock conversion breaks the forward.
+The same ranks show ExtRunner's ``device_ids`` on CPU (None; stock's
+``[LOCAL_RANK]`` makes DDP refuse a CPU model)."""
+import os
+
 import torch
 import torch.nn as nn
 from mmengine.model import BaseModel
@@ -44,15 +48,28 @@ def _forward_on_rank(work_dir):
         stock_error = None
     except ValueError as error:
         stock_error = str(error)
-    return kinds, finite, log, stock_error
+    # Stock Runner.wrap_model's device_ids, for a model on the CPU.
+    from torch.nn.parallel import DistributedDataParallel
+    try:
+        DistributedDataParallel(
+            BatchNormModel(), device_ids=[int(os.environ['LOCAL_RANK'])])
+        stock_ids_error = None
+    except ValueError as error:
+        stock_ids_error = str(error)
+    return kinds, finite, log, stock_error, stock_ids_error
 
 
 def test_sync_bn_is_skipped_on_cpu_ranks_where_stock_breaks(tmp_path):
     results = run_on_ranks(_forward_on_rank, 2, args=(str(tmp_path), ),
                            timeout=90)
     assert "sync_bn='torch' skipped" in results[0][2]
-    for kinds, finite, _, stock_error in results:
+    for kinds, finite, _, stock_error, stock_ids_error in results:
         assert kinds == ['BatchNorm2d'] and finite
         # The negative control: what stock's conversion gives on CPU.
         assert 'SyncBatchNorm expected input tensor to be on GPU' in \
             stock_error
+        # ExtRunner wrapped the CPU model in DDP (device_ids=None, from
+        # ddp_setup.resolve_ddp_setup); stock's [LOCAL_RANK] is refused.
+        assert ('DistributedDataParallel device_ids and output_device '
+                'arguments only work with single-device/multiple-device GPU '
+                'modules or CPU modules') in stock_ids_error

@@ -20,11 +20,9 @@ def test_choose_backend(monkeypatch, gpus, ranks, requested, expected, why):
     assert dist_env.choose_backend(requested) == (expected, why)
 
 
-def test_rank_device_and_device_ids_on_cpu(monkeypatch):
+def test_rank_device_on_cpu(monkeypatch):
     monkeypatch.setattr(dist_env, 'visible_gpu_count', lambda: 0)
     assert dist_env.rank_device() == torch.device('cpu')
-    assert dist_env.ddp_device_ids(torch.nn.Linear(2, 2)) is None
-    assert dist_env.ddp_device_ids(torch.nn.ReLU()) is None
 
 
 def test_rank_device_shares_gpus_round_robin(monkeypatch):
