@@ -1,10 +1,13 @@
 """Varifocal loss that stays finite on the edge cases of DETR training."""
+from functools import partial
 from typing import Optional, Union
 
-import torch
 from mmdet.models.losses import VarifocalLoss
+from mmdet.models.losses.varifocal_loss import varifocal_loss
 from mmdet.registry import MODELS
 from torch import Tensor
+
+from .guarded_score_loss import guarded_score_loss
 
 REDUCTIONS = (None, 'none', 'mean', 'sum')
 
@@ -12,16 +15,21 @@ REDUCTIONS = (None, 'none', 'mean', 'sum')
 @MODELS.register_module()
 class SafeVarifocalLoss(VarifocalLoss):
     """``VarifocalLoss`` that is finite with zero positives, empty inputs
-    or IoU targets of degenerate boxes.
+    or IoU targets of degenerate boxes, and the base of the IoU-aware
+    classification losses of the DETR ports.
 
-    Differs from ``VarifocalLoss.forward`` only on three inputs, where
-    upstream returns NaN or a loss blown up by ``1 / eps``; otherwise it
-    calls ``super().forward`` on the same arguments:
+    Replaces ``VarifocalLoss.forward``: the element-wise map is mmdet's
+    ``varifocal_loss`` (:meth:`loss_map`), and the guarded reduction
+    :func:`guarded_score_loss` reduces it. Subclasses (RT-DETR's
+    varifocal loss, DEIM's matchability-aware loss) override
+    :meth:`loss_map` only. The result equals upstream's bit for bit except
+    on three inputs, where upstream returns NaN or a loss blown up by
+    ``1 / eps``:
 
     - Empty ``pred``: upstream's ``reduction='mean'`` without
       ``avg_factor`` is the mean of an empty tensor (NaN). Here any
-      reducing call returns ``pred.sum()``, an exact 0 that stays in the
-      graph, so DDP still sees the classifier used.
+      reducing call returns an exact 0 that stays in the graph, so DDP
+      still sees the classifier used.
     - ``avg_factor`` below ``min_avg_factor`` (zero positives on a rank):
       upstream divides by ``avg_factor + eps``, multiplying the negatives'
       loss by about 8e6. Here ``avg_factor`` is raised to
@@ -29,7 +37,10 @@ class SafeVarifocalLoss(VarifocalLoss):
     - Non-finite ``target``: the IoU of a zero-area box computed without
       an epsilon is 0/0. NaN and -inf targets become 0 (a zero-area box
       overlaps nothing) and +inf becomes 1, so the loss and its gradient
-      stay finite.
+      stay finite. Non-finite ``pred`` is not touched.
+
+    Float16 inputs, or a call under autocast, are computed and reduced in
+    float32 (the result is float32).
 
     Args:
         use_sigmoid (bool): Must be True, as upstream. Defaults to True.
@@ -79,22 +90,28 @@ class SafeVarifocalLoss(VarifocalLoss):
                 target: Tensor,
                 weight: Optional[Tensor] = None,
                 avg_factor: Optional[Union[float, Tensor]] = None,
-                reduction_override: Optional[str] = None) -> Tensor:
-        """Varifocal loss of ``pred`` logits against IoU-aware targets.
+                reduction_override: Optional[str] = None,
+                **map_kwargs) -> Tensor:
+        """Loss of ``pred`` logits against IoU-aware targets: the map of
+        :meth:`loss_map` through :func:`guarded_score_loss`.
 
         Args:
             pred (Tensor): Classification logits, shape (N, C).
             target (Tensor): IoU-aware score targets in [0, 1], shape
                 (N, C); zero for negatives.
-            weight (Tensor, optional): Element-wise weights. Defaults to
+            weight (Tensor, optional): Weights broadcastable to (N, C),
+                e.g. per-query label weights of shape (N, 1). Defaults to
                 None.
             avg_factor (float | Tensor, optional): Divisor of the summed
                 loss, raised to ``min_avg_factor``. Defaults to None.
             reduction_override (str, optional): 'none', 'mean' or 'sum' to
                 override ``reduction``. Defaults to None.
+            **map_kwargs: Further inputs of a subclass's :meth:`loss_map`
+                (``labels``); none here.
 
         Returns:
-            Tensor: The loss; element-wise when the reduction is 'none'.
+            Tensor: The loss, at least float32; element-wise when the
+            reduction is 'none'.
         """
         if reduction_override not in REDUCTIONS:
             raise ValueError(
@@ -102,23 +119,36 @@ class SafeVarifocalLoss(VarifocalLoss):
                 f'{reduction_override!r}.')
         if pred.shape != target.shape:
             raise ValueError(
-                'SafeVarifocalLoss needs pred and target of the same shape '
-                f'(N, num_classes), but got {tuple(pred.shape)} and '
+                f'{type(self).__name__} needs pred and target of the same '
+                f'shape (N, num_classes), but got {tuple(pred.shape)} and '
                 f'{tuple(target.shape)}. Build target as a score map, '
                 'e.g. one-hot labels times the IoU of the matched box.')
-        reduction = reduction_override or self.reduction
-        if pred.numel() == 0 and reduction != 'none':
-            return pred.sum()
-        if isinstance(avg_factor, Tensor):
-            avg_factor = avg_factor.clamp(min=self.min_avg_factor)
-        elif avg_factor is not None:
-            avg_factor = max(avg_factor, self.min_avg_factor)
-        # Unconditional: finite targets pass unchanged, and testing for
-        # non-finite ones first would cost a device sync per call.
-        target = torch.nan_to_num(target, nan=0.0, posinf=1.0, neginf=0.0)
-        return super().forward(
+        loss = guarded_score_loss(
+            partial(self.loss_map, **map_kwargs),
             pred,
             target,
             weight=weight,
+            reduction=reduction_override or self.reduction,
             avg_factor=avg_factor,
-            reduction_override=reduction_override)
+            min_avg_factor=self.min_avg_factor)
+        return self.loss_weight * loss
+
+    def loss_map(self, pred: Tensor, target: Tensor) -> Tensor:
+        """Element-wise varifocal loss (mmdet's ``varifocal_loss``,
+        unreduced).
+
+        Args:
+            pred (Tensor): Logits, shape (N, C), at least float32.
+            target (Tensor): Finite score targets, shape (N, C), of
+                ``pred``'s dtype.
+
+        Returns:
+            Tensor: The loss of each logit, shape (N, C).
+        """
+        return varifocal_loss(
+            pred,
+            target,
+            alpha=self.alpha,
+            gamma=self.gamma,
+            iou_weighted=self.iou_weighted,
+            reduction='none')

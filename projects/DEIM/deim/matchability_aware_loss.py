@@ -1,8 +1,7 @@
 """DEIM's Matchability-Aware Loss (MAL)."""
-from typing import Optional, Union
+from typing import Optional
 
 import torch.nn.functional as F
-from mmdet.models.losses.utils import weight_reduce_loss
 from mmdet.registry import MODELS
 from torch import Tensor
 
@@ -26,13 +25,17 @@ class MatchabilityAwareLoss(RTDETRVarifocalLoss):
     target clearly above 0), and a matched class has weight 1 instead of
     ``t``. ``alpha`` is upstream's ``mal_alpha`` (None there: 1).
 
-    Unlike ``super()``, non-finite targets are not replaced: a NaN box
-    makes the loss NaN, which mmddp_ext's all-ranks check then skips on
-    every rank (upstream replaces every NaN loss by 0 with
-    ``nan_to_num`` and trains on). An empty ``pred`` gives ``pred.sum()``
-    (0, in the graph); ``avg_factor`` is raised to ``min_avg_factor``, and
-    mmdet's ``weight_reduce_loss`` reduces (it adds float32's eps to the
-    divisor: 1e-7 relative).
+    Overrides ``loss_map`` only: the reduction and its guards are those
+    of every IoU-aware loss here (``SafeVarifocalLoss.forward``,
+    ``guarded_score_loss``): an empty ``pred`` gives an exact 0 in the
+    graph, ``avg_factor`` is raised to ``min_avg_factor``, non-finite
+    targets become finite (NaN 0, +inf 1), float16 is computed in
+    float32, and the sum is divided by ``avg_factor + eps`` as mmdet's
+    ``weight_reduce_loss`` (upstream by ``num_boxes``: 2e-7 relative at
+    most). Non-finite logits are not replaced: they make the loss NaN,
+    which mmddp_ext's all-ranks check then skips on every rank (upstream
+    replaces every NaN loss by 0 with ``nan_to_num`` and trains on); a
+    NaN box does the same through the box losses.
 
     Args:
         alpha (float): Weight of the negatives (upstream ``mal_alpha``).
@@ -52,39 +55,18 @@ class MatchabilityAwareLoss(RTDETRVarifocalLoss):
                  **kwargs) -> None:
         super().__init__(alpha=alpha, gamma=gamma, **kwargs)
 
-    def forward(self,
-                pred: Tensor,
-                target: Tensor,
-                weight: Optional[Tensor] = None,
-                avg_factor: Optional[Union[float, Tensor]] = None,
-                reduction_override: Optional[str] = None,
-                labels: Optional[Tensor] = None) -> Tensor:
-        """MAL of ``pred`` logits against IoU-aware targets (see the class
-        doc); arguments as :meth:`RTDETRVarifocalLoss.forward`, ``labels``
-        (the one-hot ``y``) defaulting to ``target > 0``."""
-        if pred.shape != target.shape:
-            raise ValueError(
-                'MatchabilityAwareLoss needs pred and target of the same '
-                f'shape (N, num_classes), but got {tuple(pred.shape)} and '
-                f'{tuple(target.shape)}.')
-        reduction = reduction_override or self.reduction
-        if reduction not in ('none', 'mean', 'sum'):
-            raise ValueError("reduction must be 'none', 'mean' or 'sum', "
-                             f'but got {reduction!r}.')
-        if pred.numel() == 0 and reduction != 'none':
-            return pred.sum()
+    def loss_map(self,
+                 pred: Tensor,
+                 target: Tensor,
+                 labels: Optional[Tensor] = None) -> Tensor:
+        """Element-wise MAL of ``pred`` logits against IoU-aware targets
+        (see the class doc), for :meth:`SafeVarifocalLoss.forward` to
+        reduce; arguments as :meth:`RTDETRVarifocalLoss.loss_map`,
+        ``labels`` (the one-hot ``y``) defaulting to ``target > 0``."""
         if labels is None:
             labels = target > 0
         labels = labels.type_as(pred)
         modulating = pred.detach().sigmoid().pow(self.gamma)
         loss_weight = self.alpha * modulating * (1 - labels) + labels
-        loss = F.binary_cross_entropy_with_logits(
-            pred, target.type_as(pred).pow(self.gamma),
-            reduction='none') * loss_weight
-        if avg_factor is not None and reduction == 'mean':
-            avg_factor = (
-                avg_factor.clamp(
-                    min=self.min_avg_factor) if isinstance(avg_factor, Tensor)
-                else max(avg_factor, self.min_avg_factor))
-        return self.loss_weight * weight_reduce_loss(loss, weight, reduction,
-                                                     avg_factor)
+        return F.binary_cross_entropy_with_logits(
+            pred, target.pow(self.gamma), reduction='none') * loss_weight
