@@ -50,6 +50,7 @@ def _interleaved_run(work_dir, data_root, iters):
     import torch.distributed as dist
     from mmengine.hooks import Hook
 
+    from mmddp_ext.utils.torch_private import post_accumulate_grad_hooks
     from tests.helpers import build_runner
     register_same_batch_sampler()
     runner = build_runner(work_dir, data_root, iters, {
@@ -59,7 +60,7 @@ def _interleaved_run(work_dir, data_root, iters):
     })
     model = runner.model
     params = [p for _, p in model._trainable()]
-    ours = [dict(p._post_accumulate_grad_hooks) for p in params]
+    ours = [dict(post_accumulate_grad_hooks(p)) for p in params]
     modes, checks = [], []
     watch, check = model._watch_backward, model._check_usage
 
@@ -81,9 +82,9 @@ def _interleaved_run(work_dir, data_root, iters):
         def before_train_iter(self, runner, batch_idx, data_batch=None):
             mode = same_batch_mode(runner.iter, MODES)
             for param, hooks in zip(params, ours):
-                param._post_accumulate_grad_hooks.clear()
+                post_accumulate_grad_hooks(param).clear()
                 if mode == 'auto' or not model.ddp_built:
-                    param._post_accumulate_grad_hooks.update(hooks)
+                    post_accumulate_grad_hooks(param).update(hooks)
             modes.append(mode)
 
     model._watch_backward = switched_watch

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from ..datasets.empty_gt_guard_collate import num_gt_instances
 from ..utils.text import ranks_text, shorten
+from ..utils.torch_private import collective_sequence_number
 
 # The fingerprint of a checked iteration, in the order of its tensor. The
 # ranks must agree on every field but ``gt_boxes``, which only explains a
@@ -139,7 +140,7 @@ def describe_divergence(details: List[dict]) -> str:
 def collective_count(group) -> int:
     """How many collectives this rank has issued on ``group``."""
     try:
-        return int(group._get_sequence_number_for_group())
+        return collective_sequence_number(group)
     except (AttributeError, RuntimeError):
         return UNKNOWN
 

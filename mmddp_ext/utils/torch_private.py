@@ -5,7 +5,7 @@ figures 2.11.0+cu130). When torch changes one of these, this is the only
 file to read; each function says what it reaches and why no public
 interface does the same.
 """
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 # torch gives them (MMCV and MMDetection test against the same names).
 BatchNormBase = _BatchNorm
 DropoutBase = _DropoutNd
+T = TypeVar('T')
 
 
 def default_store() -> Optional[dist.Store]:
@@ -74,6 +75,28 @@ def ignore_in_ddp(module: torch.nn.Module, names: Sequence[str]) -> None:
         module, list(names))
 
 
+def collective_sequence_number(group) -> int:
+    """How many collectives this rank has issued on ``group``.
+
+    ``ProcessGroup._get_sequence_number_for_group``: the counter gloo and
+    NCCL keep for their desync debugging; torch has no public one. Raises
+    RuntimeError or AttributeError where the backend keeps none.
+    """
+    return int(group._get_sequence_number_for_group())
+
+
+def post_accumulate_grad_hooks(param: torch.Tensor) -> Optional[dict]:
+    """The live dict of the hooks ``register_post_accumulate_grad_hook``
+    added to ``param`` (``Tensor._post_accumulate_grad_hooks``; None
+    before the first).
+
+    Clearing and refilling it switches the hooks off and on again without
+    the handles, which only their owner holds (a benchmark times steps
+    with and without AutoDDP's hooks this way).
+    """
+    return param._post_accumulate_grad_hooks
+
+
 def reducer_params(ddp: DistributedDataParallel) -> List[torch.nn.Parameter]:
     """The parameters DDP's reducer holds (waits for a gradient of), in
     the reducer's own order.
@@ -103,6 +126,34 @@ def tensor_version(tensor: torch.Tensor) -> int:
     Caches of values derived from parameters (folded conv weights) use it
     to see an optimizer step, an EMA update or ``load_state_dict``."""
     return tensor._version
+
+
+def cached_until_written(owner: object, slot: str,
+                         sources: Sequence[Optional[torch.Tensor]],
+                         make: Callable[[], T]) -> T:
+    """``make()``, kept in ``owner.__dict__[slot]`` and reused while every
+    tensor of ``sources`` is the same tensor, storage, device, dtype and
+    version (:func:`tensor_version`) as when it was made.
+
+    The one cache of values derived from parameters and buffers (folded
+    conv weights, D-FINE's bin values): an optimizer step, an EMA
+    update, ``load_state_dict``, a deep copy or a move to another device
+    or dtype remakes the value on the next call. One entry per slot, held
+    as a plain attribute, not a buffer: never saved, never synced.
+    Inference tensors have no version counter; with one among
+    ``sources``, every call makes the value afresh.
+    """
+    try:
+        key = tuple((id(t), t.data_ptr(), t.device, t.dtype,
+                     tensor_version(t)) if t is not None else None
+                    for t in sources)
+    except RuntimeError:
+        return make()
+    hit = owner.__dict__.get(slot)
+    if hit is None or hit[0] != key:
+        hit = (key, make())
+        owner.__dict__[slot] = hit
+    return hit[1]
 
 
 def onednn_conv2d(x: torch.Tensor, weight: torch.Tensor,

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from mmdet.models.layers.transformer import inverse_sigmoid
 from torch import Tensor, nn
 
+from mmddp_ext.utils.torch_private import cached_until_written
 from .fdr import distance2bbox, integral, weighting_function
-from .rtdetr_port import StaticTensorCache, build_activation
+from .rtdetr_port import build_activation
 
 # upstream's inverse_sigmoid eps (mmdet's default is also 1e-5)
 INVERSE_SIGMOID_EPS = 1e-5
@@ -376,14 +377,13 @@ class DFINEDecoder(nn.Module):
             LQE(reg_max, activation) for _ in range(num_layers))
         self.register_buffer('up', torch.tensor([float(up)]))
         self.register_buffer('reg_scale', torch.tensor([float(reg_scale)]))
-        self.project_cache = StaticTensorCache()
 
     def project(self) -> Tensor:
-        """The bin values ``W(0..reg_max)`` (:func:`weighting_function`)."""
-        key = (self.up._version, self.reg_scale._version, self.up.device,
-               self.up.dtype, self.up.data_ptr(), self.reg_scale.data_ptr())
-        return self.project_cache.get(
-            key,
+        """The bin values ``W(0..reg_max)`` (:func:`weighting_function`),
+        made again only after ``up`` or ``reg_scale`` is written, replaced
+        or moved."""
+        return cached_until_written(
+            self, '_project_cache', (self.up, self.reg_scale),
             lambda: weighting_function(self.reg_max, self.up, self.reg_scale))
 
     def forward(self, query: Tensor, reference_points: Tensor, memory: Tensor,

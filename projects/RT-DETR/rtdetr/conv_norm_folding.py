@@ -16,17 +16,18 @@ refolds on the next call. A module in training mode, or a forward that
 records gradients, runs conv and norm as they are and drops the cache
 (no folded copy of the weights is held while training).
 """
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmddp_ext.utils.torch_private import BatchNormBase, tensor_version
+from mmddp_ext.utils.torch_private import BatchNormBase, cached_until_written
 from .pointwise_conv import conv2d
 
 Folded = Tuple[Tensor, Tensor]
-# the attribute of the owning module that holds (key, folded weights)
+# the attribute of the owning module that holds (key, folded weights),
+# see torch_private.cached_until_written
 CACHE = '_folded_cache'
 
 
@@ -51,24 +52,6 @@ def fold(conv: nn.Conv2d, norm: nn.Module) -> Folded:
     return weight, bias
 
 
-def cached(owner: nn.Module, sources: Sequence[Optional[Tensor]],
-           make) -> Folded:
-    """``make()``, reused while every tensor of ``sources`` is the same
-    tensor, storage, device, dtype and version as when it was made."""
-    try:
-        key = tuple((id(t), t.data_ptr(), t.device, t.dtype,
-                     tensor_version(t)) if t is not None else None
-                    for t in sources)
-    except RuntimeError:  # inference tensors have no version counter
-        return make()
-    hit = owner.__dict__.get(CACHE)
-    if hit is None or hit[0] != key:
-        hit = (key, make())
-        # a plain attribute, not a buffer: never saved, never synced
-        owner.__dict__[CACHE] = hit
-    return hit[1]
-
-
 def _sources(conv: nn.Conv2d, norm: nn.Module) -> list:
     return [
         conv.weight, conv.bias, norm.weight, norm.bias, norm.running_mean,
@@ -85,8 +68,8 @@ def conv_norm(owner: nn.Module, conv: nn.Conv2d, norm: nn.Module,
         if type(conv) is not nn.Conv2d:
             return norm(conv(x))
         return norm(conv2d(x, conv.weight, conv.bias, conv))
-    weight, bias = cached(owner, _sources(conv, norm),
-                          lambda: fold(conv, norm))
+    weight, bias = cached_until_written(owner, CACHE, _sources(conv, norm),
+                                        lambda: fold(conv, norm))
     return conv2d(x, weight, bias, conv)
 
 
@@ -112,7 +95,7 @@ def two_branch_conv_norm(owner: nn.Module, branch3x3: Tuple[nn.Conv2d,
         weight1, bias1 = fold(conv1, norm1)
         return weight3 + F.pad(weight1, (1, 1, 1, 1)), bias3 + bias1
 
-    weight, bias = cached(owner,
-                          _sources(conv3, norm3) + _sources(conv1, norm1),
-                          make)
+    weight, bias = cached_until_written(
+        owner, CACHE,
+        _sources(conv3, norm3) + _sources(conv1, norm1), make)
     return F.conv2d(x, weight, bias, 1, 1)

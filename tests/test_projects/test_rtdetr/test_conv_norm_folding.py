@@ -129,7 +129,7 @@ def test_control_a_cache_blind_to_versions_returns_stale_outputs(
         monkeypatch):
     """Negative control: the same scenario with the version counter left
     out of the cache key folds once and keeps the first weights."""
-    monkeypatch.setattr(folding, 'tensor_version', lambda tensor: 0)
+    monkeypatch.setattr(torch_private, 'tensor_version', lambda tensor: 0)
     layer = LAYERS['ConvNormLayer']()
     _randomise(layer, 1)
     errors = _cache_scenario(layer)
