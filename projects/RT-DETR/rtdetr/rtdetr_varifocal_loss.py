@@ -1,5 +1,5 @@
 """RT-DETR's IoU-aware varifocal loss, finite on every edge case."""
-from typing import Optional, Union
+from typing import Optional
 
 import torch.nn.functional as F
 from mmdet.registry import MODELS
@@ -48,22 +48,13 @@ class RTDETRVarifocalLoss(SafeVarifocalLoss):
     """
 
     def forward(self,
-                pred: Tensor,
-                target: Tensor,
-                weight: Optional[Tensor] = None,
-                avg_factor: Optional[Union[float, Tensor]] = None,
-                reduction_override: Optional[str] = None,
-                labels: Optional[Tensor] = None) -> Tensor:
-        """``SafeVarifocalLoss.forward``, with ``labels`` (the one-hot
-        ``y`` of :meth:`loss_map`) named in the signature, where the heads
-        check that their ``loss_cls`` takes it."""
-        return super().forward(
-            pred,
-            target,
-            weight=weight,
-            avg_factor=avg_factor,
-            reduction_override=reduction_override,
-            labels=labels)
+                *args,
+                labels: Optional[Tensor] = None,
+                **kwargs) -> Tensor:
+        """``SafeVarifocalLoss.forward`` (same arguments), with ``labels``,
+        the one-hot ``y`` of :meth:`loss_map`, named in the signature:
+        the D-FINE head checks that its ``loss_cls`` takes it."""
+        return super().forward(*args, labels=labels, **kwargs)
 
     def loss_map(self,
                  pred: Tensor,
