@@ -42,104 +42,30 @@ class ExtRunner(Runner):
     """MMEngine ``Runner`` that launches on CPU or GPU, resumes safely and
     switches on the mmddp_ext stack.
 
-    Select it with ``runner_type = 'ExtRunner'`` (``tools/train.py`` and
-    ``configs/_base_/mmddp_ext.py`` do). It differs from ``Runner`` in
-    these methods, each calling ``super()`` for everything else:
+    Select it with ``runner_type = 'ExtRunner'`` (``tools/train.py``,
+    ``tools/test.py`` and ``configs/_base_/mmddp_ext.py`` do); it is a
+    drop-in for ``Runner``: the same arguments, ``train()``, ``val()`` and
+    ``test()``. It overrides, each calling ``super()`` for the rest:
 
-    - ``setup_env``: refuses doubled process management
-      (:func:`~mmddp_ext.utils.dist_env.check_launch_environment`) and
-      initialises the process group through
-      :func:`~mmddp_ext.utils.dist_env.init_distributed`: gloo when NCCL
-      cannot run, a CUDA device only when there is one, and a bounded
-      collective timeout (300 s unless ``env_cfg.dist_cfg.timeout`` says
-      otherwise).
-    - ``wrap_model``: passes ``device_ids`` to a DDP wrapper only for a
-      model on a CUDA device (stock passes ``[LOCAL_RANK]`` always), and
-      uses ``AutoDDP`` when no wrapper is configured and
-      ``mmddp_ext_cfg.auto_ddp`` is on (which setting wins is decided by
-      :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup`, which the DDP
-      doctor reads too). ``sync_bn`` is skipped, with a
-      warning, on CPU ranks: torch's ``SyncBatchNorm`` runs on GPUs only,
-      so stock converts the model and its first forward raises.
-    - ``build_optim_wrapper``: on CPU ranks, ``AmpOptimWrapper`` (which
-      MMEngine refuses there) runs as a float32 ``OptimWrapper``, with a
-      warning.
-    - ``__init__``: keeps the config as a
-      :class:`~mmddp_ext.runner.formatted_once_config.FormattedOnceConfig`,
-      which formats its text with yapf once per content (``Runner`` logs
-      and dumps it three to four times at start and once per checkpoint).
-      Before anything is built, checks every ``num_classes``
-      in the model config against the classes of each dataloader's dataset
-      (:func:`~mmddp_ext.utils.class_count_check.check_class_counts`);
-      under a launcher every rank raises the error together in
-      ``setup_env``, right after the process group is up.
-    - ``dump_config``: adds ``'mmddp_ext'`` to ``custom_imports`` (keeping
-      the config's own imports) before dumping, so that the dumped config
-      reloads in a fresh interpreter, e.g. with MMDetection's own
-      ``tools/test.py``, and finds ``runner_type='ExtRunner'``.
-    - ``register_hooks``: adds :class:`SafeCheckpointHook` (checkpoints hold
-      only tensors and plain types), :class:`RankStatusHook`, and the hooks
-      that ``mmddp_ext_cfg`` switches on, unless the config lists them.
-    - ``load_checkpoint``: reads local files with ``weights_only=True``.
-    - ``load_or_resume`` (when training starts): one rule for every
-      launch, torchrun restart and resume
-      (:func:`~mmddp_ext.runner.start_point.choose_start`): the run
-      continues from the newest of its own latest checkpoint and what it
-      was started with (``load_from``, or the checkpoint ``--resume``
-      named). A fine-tune restarted before its first checkpoint loads its
-      ``load_from`` again (stock auto-resume found no checkpoint and
-      trained from random weights); one restarted after a checkpoint
-      resumes from it without loading ``load_from`` on top. Rank 0 decides,
-      every rank logs which file it loaded and why. A stored AutoDDP
-      decision (the resumed checkpoint's, or the need the work dir records
-      from a run stopped before its first checkpoint) is applied at once,
-      before any hook's ``before_train``.
-    - ``train``: when a collective times out, re-raises with every rank's
-      last reported iteration and phase; when AutoDDP stops every rank for
-      parameters gone unused, records in the work dir that the run needs
-      ``find_unused_parameters=True`` (so a restart builds DDP that way).
+    - ``__init__``: the config formatted once per content; the class-count
+      check before anything is built.
+    - ``setup_env``: launch checks; gloo or NCCL, a bounded collective
+      timeout.
+    - ``wrap_model``: the wrapper, its ``device_ids`` and ``sync_bn`` as
+      :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup` rules.
+    - ``build_optim_wrapper``: AMP recipes on CPU ranks.
+    - ``dump_config``: ``'mmddp_ext'`` in ``custom_imports``.
+    - ``register_hooks``: the hooks of
+      :func:`~mmddp_ext.runner.ddp_setup.ext_hooks`.
+    - ``load_checkpoint``: ``weights_only=True``.
+    - ``load_or_resume`` and ``train``: one start rule for every launch,
+      restart and resume; a timed-out collective names each rank's phase.
 
-    Config keys it reads besides ``Runner``'s:
-
-    - resume (bool | str): ``False`` (default): a new run, from
-      ``load_from`` if set. ``'auto'`` (``tools/train.py --resume``):
-      continue from the work dir's latest checkpoint, else start from
-      ``load_from``. ``True``: as MMEngine, resume from ``load_from`` when
-      it is a training checkpoint (``--resume PATH``); when ``load_from``
-      holds weights only (a pretrained model) or is unset, as ``'auto'``.
-
-    - trusted_checkpoints (list[str]): Checkpoint paths that may be loaded
-      with ``weights_only=False`` if the safe load refuses them (files from
-      stock MMEngine). Defaults to ``[]``.
-    - mmddp_ext_cfg (dict): Which parts of the stack to switch on; the
-      keys, all off by default but ``finite_predictions``
-      (``configs/_base_/mmddp_ext.py`` turns them on):
-
-      - auto_ddp (bool): ``model_wrapper_cfg`` defaults to
-        ``dict(type='AutoDDP')``; a top-level ``find_unused_parameters``
-        key is passed on to it as the user's explicit choice.
-      - checkpoint_conflict (str | None): ``CheckpointConflictHook``
-        policy (``'non_reentrant'``, ``'disable'``, ``'error'``).
-      - empty_gt_guard (dict | None): keyword arguments of
-        ``empty_gt_guard_collate``, used as ``train_dataloader.collate_fn``
-        when the train dataloader names no collate function.
-      - empty_gt_stats (bool): register ``EmptyGTStatsHook``.
-      - finite_predictions (bool): register ``FinitePredictionsHook``, so
-        that predictions with NaN/inf boxes or scores are scored as misses
-        in validation and testing (a diverged or uninitialised model
-        scores mAP 0, not the mAP above 0 that COCO evaluation gives NaN
-        boxes) and a warning says how many there were. Defaults to True
-        (the only key on without the base file: it changes no finite
-        prediction).
-      - nonfinite_skip (dict | None): keyword arguments of
-        ``NonFiniteSkipHook`` (a NaN/inf loss on any rank skips that step on
-        every rank).
-      - rank_consistency (dict | None): keyword arguments of
-        ``RankConsistencyHook``. A config that sets it but not
-        ``nonfinite_skip`` (written before the two were split) keeps
-        skipping non-finite steps, with the old ``skip_nonfinite`` and
-        ``max_consecutive_skips`` keys, and a warning naming
-        ``nonfinite_skip``.
+    Config keys besides ``Runner``'s: ``resume`` (also ``'auto'``),
+    ``trusted_checkpoints`` and ``mmddp_ext_cfg`` (defaults in
+    :data:`~mmddp_ext.runner.ddp_setup.EXT_CFG_DEFAULTS`). docs/design.md
+    ("CPU or GPU launch") has each method, each key and what a ``Runner``
+    user would not see (hooks and priorities, checkpoint contents).
     """
 
     def __init__(self, *args, **kwargs):
