@@ -195,43 +195,47 @@ def _mmddp_ext_types(node: Any) -> List[str]:
     return found
 
 
+def _corrected_ext_cfg(given: dict) -> dict:
+    """``given`` with a misspelt key under its closest accepted name, an
+    unknown one dropped, and ``rank_consistency``'s skip keys moved to
+    ``nonfinite_skip``."""
+    known = {k: v for k, v in given.items() if k in EXT_CFG_DEFAULTS}
+    for key in sorted(set(given) - set(EXT_CFG_DEFAULTS)):
+        close = difflib.get_close_matches(key, EXT_CFG_DEFAULTS, 1)
+        if close:
+            known.setdefault(close[0], given[key])
+    checks = known.get('rank_consistency')
+    moved = {
+        k: checks[k]
+        for k in MOVED_TO_NONFINITE_SKIP if k in checks
+    } if isinstance(checks, dict) else {}
+    if moved:
+        known['rank_consistency'] = {
+            k: v
+            for k, v in checks.items() if k not in moved
+        }
+        if moved.get('skip_nonfinite', True) is False:
+            known['nonfinite_skip'] = None
+        else:
+            skip = dict(known.get('nonfinite_skip') or {})
+            if 'max_consecutive_skips' in moved:
+                skip['max_consecutive_skips'] = moved['max_consecutive_skips']
+            known['nonfinite_skip'] = skip
+    return known
+
+
 def check_coherence(cfg, setup: DDPSetup) -> Check:
     name = 'mmddp_ext settings'
     given = cfg.get('mmddp_ext_cfg')
     if given is not None:
         try:
-            checked_ext_cfg(given, EXT_CFG_DEFAULTS)
+            checked_ext_cfg(given)
         except (TypeError, ValueError) as error:
             fix = ['mmddp_ext_cfg = dict()  # keys: ' +
                    ', '.join(sorted(EXT_CFG_DEFAULTS))]
             if isinstance(given, dict):
-                known = {
-                    k: v
-                    for k, v in given.items() if k in EXT_CFG_DEFAULTS
-                }
-                for key in sorted(set(given) - set(EXT_CFG_DEFAULTS)):
-                    close = difflib.get_close_matches(key, EXT_CFG_DEFAULTS,
-                                                      1)
-                    if close:
-                        known.setdefault(close[0], given[key])
-                checks = known.get('rank_consistency')
-                if isinstance(checks, dict) and set(checks) & set(
-                        MOVED_TO_NONFINITE_SKIP):
-                    known['rank_consistency'] = {
-                        k: v
-                        for k, v in checks.items()
-                        if k not in MOVED_TO_NONFINITE_SKIP
-                    }
-                    if checks.get('skip_nonfinite', True) is False:
-                        known['nonfinite_skip'] = None
-                    else:
-                        known.setdefault('nonfinite_skip', {
-                            k: v
-                            for k, v in checks.items()
-                            if k == 'max_consecutive_skips'
-                        })
-                fix = [f'mmddp_ext_cfg = {known!r}  # accepted keys: '
-                       f"{', '.join(sorted(EXT_CFG_DEFAULTS))}"]
+                fix = [f'mmddp_ext_cfg = {_corrected_ext_cfg(given)!r}  # '
+                       f"accepted keys: {', '.join(sorted(EXT_CFG_DEFAULTS))}"]
             return Check(
                 PHASE, name, BLOCKER if setup.opted_in else WARN, str(error),
                 on_gpus=('ExtRunner refuses the config at start-up.'

@@ -256,6 +256,24 @@ def test_unknown_mmddp_ext_cfg_key_gets_the_corrected_line():
     assert ignored.fix == ["runner_type = 'ExtRunner'"]
 
 
+@pytest.mark.parametrize('moved, rank_consistency, nonfinite_skip', [
+    (dict(max_consecutive_skips=2), {}, dict(max_consecutive_skips=2)),
+    (dict(skip_nonfinite=False, check_every=7), dict(check_every=7), None),
+])
+def test_skip_keys_under_rank_consistency_get_the_moved_line(
+        moved, rank_consistency, nonfinite_skip):
+    """The keys RankConsistencyHook no longer takes: a blocker, as ExtRunner
+    refuses them, with the line that moves them to nonfinite_skip."""
+    from mmddp_ext.doctor import launch_setup
+    from mmddp_ext.doctor.static_config import check_coherence
+    cfg = _cfg(OPT_IN, **{'mmddp_ext_cfg.rank_consistency': moved})
+    check = check_coherence(cfg, launch_setup(cfg))
+    assert check.verdict == 'blocker', check
+    assert "mmddp_ext_cfg.rank_consistency sets ['" in check.summary
+    assert (f"'rank_consistency': {rank_consistency!r}" in check.fix[0])
+    assert f"'nonfinite_skip': {nonfinite_skip!r}" in check.fix[0]
+
+
 def test_resolved_setup_stock_and_opt_in():
     """The doctor reads the runner's own resolver."""
     from mmddp_ext.doctor import launch_setup
