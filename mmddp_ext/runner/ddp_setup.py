@@ -352,8 +352,9 @@ def resolve_ddp_setup(cfg,
         sync_bn=None if skipped else sync_bn,
         sync_bn_skipped=skipped,
         checkpoint_policy=policy,
-        rank_consistency=('RankConsistencyHook' in dict(hooks)
-                          or listed_hook(cfg, RankConsistencyHook) is not None),
+        rank_consistency=(
+            'RankConsistencyHook' in dict(hooks)
+            or listed_hook(cfg, RankConsistencyHook) is not None),
         collate=dict(collate or STOCK_COLLATE),
         hooks=hooks)
 

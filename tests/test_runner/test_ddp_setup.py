@@ -4,8 +4,8 @@ adds, the device_ids, whether a config is an ExtRunner one."""
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.runner import Runner
 from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
 
 import mmddp_ext  # noqa: F401  (registers the wrappers and hooks)
 from mmddp_ext.runner import ExtRunner

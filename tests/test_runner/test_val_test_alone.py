@@ -128,7 +128,7 @@ def _tools_test():
 
 @pytest.mark.parametrize('runner_type', ['Runner', 'ExtRunner'])
 def test_tools_test_py_needs_no_training_data(tmp_path, checkpoint,
-                                               runner_type):
+                                              runner_type):
     """``tools/test.py CONFIG CHECKPOINT`` (ExtRunner, its default) builds
     the test dataset only, as with ``runner_type='Runner'``."""
     config = tmp_path / 'toy.py'
