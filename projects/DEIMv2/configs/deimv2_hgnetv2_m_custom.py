@@ -1,0 +1,41 @@
+# DEIMv2-HGNetv2-M fine-tuned on your own COCO-format dataset, with mmddp_ext:
+# DDP-safe on images without boxes. Upstream DEIMv2 trains custom data with
+# its COCO YAML and configs/dataset/custom_detection.yml; this is
+# deimv2_hgnetv2_m_coco.py (every recipe value) on your data.
+#   python tools/convert_deimv2_checkpoint.py deimv2_hgnetv2_m_coco.pth \
+#       checkpoints/deimv2_hgnetv2_m_coco_mmdet.pth \
+#       --config projects/DEIMv2/configs/deimv2_hgnetv2_m_coco.py
+#   bash tools/dist_train.sh \
+#       projects/DEIMv2/configs/deimv2_hgnetv2_m_custom.py 8
+# Edit data_root and classes below. load_from keeps every weight except the
+# class-sized layers (mismatched shapes are skipped with a warning); the
+# backbone's pretrained init is off, load_from replaces it.
+_base_ = ['./deimv2_hgnetv2_m_coco.py', '../../../configs/_base_/mmddp_ext.py']
+custom_imports = dict(
+    imports=[
+        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
+        'projects.DEIMv2.deimv2'
+    ],
+    allow_failed_imports=False)
+data_root = 'data/custom/'
+classes = ('square', 'disc')
+metainfo = dict(classes=classes)
+model = dict(
+    backbone=dict(init_cfg=None), bbox_head=dict(num_classes=len(classes)))
+train_dataloader = dict(
+    dataset=dict(
+        dataset=dict(
+            data_root=data_root,
+            metainfo=metainfo,
+            ann_file='train/annotations.json',
+            data_prefix=dict(img='train/images/'))))
+val_dataloader = dict(
+    dataset=dict(
+        data_root=data_root,
+        metainfo=metainfo,
+        ann_file='val/annotations.json',
+        data_prefix=dict(img='val/images/')))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'val/annotations.json')
+test_evaluator = val_evaluator
+load_from = 'checkpoints/deimv2_hgnetv2_m_coco_mmdet.pth'

@@ -1,0 +1,210 @@
+"""tools/convert_deimv2_checkpoint.py on checkpoints laid out as upstream's
+own models (``data/*_keys.json``, written by upstream's code: see
+data/README.md): every size's detector checkpoint, the ViT files the
+DINOv3 sizes start from, and B0's ImageNet file for the light sizes.
+
+Models are built on the meta device (shapes only, no arithmetic): the
+port's key set and shapes are what these tests compare."""
+import functools
+import importlib.util
+import json
+import os.path as osp
+
+import pytest
+import torch
+
+from .deimv2_utils import (DATA, DINOV3_SIZES, REPO_ROOT, SIZES,
+                           coco_config, import_project)
+
+CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_deimv2_checkpoint.py')
+DFINE_DATA = osp.join(REPO_ROOT, 'tests', 'test_projects', 'test_dfine',
+                      'data')
+# Values of the buffers the manifests give shapes of only, from upstream's
+# YAML (deimv2.yml: reg_scale 4, up 0.5; hgnetv2_x: reg_scale 8).
+UPSTREAM_REG_SCALE = {'hgnetv2_x': 8.0}
+
+
+@pytest.fixture(scope='module')
+def converter():
+    import_project()
+    spec = importlib.util.spec_from_file_location('convert_deimv2_checkpoint',
+                                                  CONVERTER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def manifest(name: str, folder: str = DATA) -> dict:
+    with open(osp.join(folder, name)) as f:
+        return json.load(f)
+
+
+@functools.lru_cache(maxsize=None)
+def meta_model(converter, size: str):
+    """The size's COCO model on the meta device, built once per module
+    (the tests only read it)."""
+    with torch.device('meta'):
+        return converter.reference_model(coco_config(size))
+
+
+def synthetic_checkpoint(size: str, num_points, seed=None) -> dict:
+    """Upstream's keys and shapes for ``size``: random weights from
+    ``seed`` (zeros without one: the key tests need no values), upstream's
+    values for the derived buffers."""
+    gen = None if seed is None else torch.Generator().manual_seed(seed)
+    scale = torch.tensor([1 / n for n in num_points for _ in range(n)])
+    fixed = {
+        'up': torch.tensor([0.5]),
+        'reg_scale': torch.tensor([UPSTREAM_REG_SCALE.get(size, 4.0)])
+    }
+    state = {}
+    for key, shape in manifest(f'deimv2_{size}_coco_keys.json').items():
+        name = key.rsplit('.', 1)[-1]
+        if name == 'num_batches_tracked':
+            state[key] = torch.tensor(7)
+        elif name == 'num_points_scale':
+            state[key] = scale.clone()
+        elif name in fixed:
+            state[key] = fixed[name].clone()
+        elif gen is None:
+            state[key] = torch.zeros(shape)
+        else:
+            state[key] = torch.randn(shape, generator=gen)
+    return state
+
+
+def share_like_upstream(state: dict, layers: int) -> None:
+    """Atto/Femto/Pico: one box branch saved under every layer index."""
+    for key in list(state):
+        if key.startswith('decoder.dec_bbox_head.0.'):
+            for i in range(1, layers):
+                state[key.replace('.0.', f'.{i}.', 1)] = state[key]
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_every_upstream_key_converts(converter, size):
+    """Every key of upstream's model of this size is mapped or derived,
+    and the result has exactly the port's keys and shapes."""
+    model = meta_model(converter, size)
+    upstream = synthetic_checkpoint(size,
+                                    converter.model_num_points(model)[0])
+    if model.bbox_head.share_bbox_head:
+        share_like_upstream(upstream, model.decoder.num_layers)
+    log = []
+    converted = converter.convert_detector_state_dict(
+        upstream, model, log.append)
+    handled = {line.split()[1] for line in log if line.startswith(('map',
+                                                                   'skip'))}
+    assert handled == set(upstream)
+    reference = model.state_dict()
+    assert set(converted) == set(reference)
+    assert {k: tuple(v.shape)
+            for k, v in converted.items()} == {
+                k: tuple(v.shape)
+                for k, v in reference.items()
+            }
+
+
+def test_atto_loads_values_where_upstream_has_them(converter):
+    """A real (not meta) Atto: strict load, and values land where the
+    mapping says (decoder layer, shared box branch, encoder heads)."""
+    model = converter.reference_model(coco_config('hgnetv2_atto'))
+    upstream = synthetic_checkpoint('hgnetv2_atto', [4, 2], seed=0)
+    share_like_upstream(upstream, 3)
+    converted = converter.convert_detector_state_dict(
+        upstream, model, lambda line: None)
+    model.load_state_dict(converted, strict=True)
+    pairs = {
+        'decoder.decoder.layers.1.swish_ffn.w12.weight':
+        model.decoder.layers[1].swish_ffn.w12.weight,
+        'decoder.decoder.layers.2.norm2.scale':
+        model.decoder.layers[2].norm2.scale,
+        'decoder.dec_bbox_head.0.layers.2.bias':
+        model.bbox_head.reg_branches[2].layers[2].bias,
+        'decoder.enc_score_head.bias':
+        model.bbox_head.cls_branches[3].bias,
+        'encoder.bi_fusion.cv.conv.weight':
+        model.neck.bi_fusion.cv.conv.weight,
+    }
+    for key, tensor in pairs.items():
+        assert torch.equal(tensor.detach().cpu(), upstream[key]), key
+
+
+def test_unequal_copies_of_a_shared_branch_are_refused(converter):
+    """Control: Atto shares the box branch; a checkpoint whose copies
+    differ (not an Atto/Femto/Pico file) is refused, naming the key."""
+    model = meta_model(converter, 'hgnetv2_atto')
+    upstream = synthetic_checkpoint('hgnetv2_atto', [4, 2], seed=0)
+    with pytest.raises(converter.ConversionError,
+                       match=r'dec_bbox_head\.1\..* differs'):
+        converter.convert_detector_state_dict(upstream, model,
+                                              lambda line: None)
+
+
+def test_a_deim_checkpoint_is_refused_by_a_deimv2_config(converter):
+    """Control: DEIM / D-FINE-N (LayerNorm, plain FFN, enc_output) is not
+    DEIMv2-N: the conversion fails instead of loading it partly."""
+    model = meta_model(converter, 'hgnetv2_n')
+    dfine = {
+        k: torch.zeros(v)
+        for k, v in manifest('dfine_hgnetv2_n_coco_keys.json',
+                             DFINE_DATA).items()
+        if not k.endswith('num_points_scale')
+    }
+    with pytest.raises(converter.ConversionError) as error:
+        converter.convert_detector_state_dict(dfine, model,
+                                              lambda line: None)
+    assert 'swish_ffn' in str(error.value)
+
+
+@pytest.mark.parametrize('size', DINOV3_SIZES)
+def test_vit_files_load_into_the_vit(converter, size):
+    """The backbone-only ViT file of each DINOv3 size (keys of upstream's
+    ``dinov3`` / ``dinov3._model`` module) matches the port's ViT key
+    for key, shape for shape."""
+    model = meta_model(converter, size)
+    vit_file = {
+        k: torch.zeros(v)
+        for k, v in manifest(f'deimv2_{size}_vit_keys.json').items()
+    }
+    assert converter.is_vit_checkpoint(vit_file)
+    converted = converter.convert_vit_state_dict(
+        vit_file, model.backbone.vit.state_dict(), lambda line: None)
+    assert set(converted) == set(model.backbone.vit.state_dict())
+
+
+def test_a_vit_file_of_another_size_is_refused(converter):
+    """Control: ViT-Tiny's file (S) against ViT-Tiny+ (M) fails."""
+    model = meta_model(converter, 'dinov3_m')
+    tiny = {
+        k: torch.zeros(v)
+        for k, v in manifest('deimv2_dinov3_s_vit_keys.json').items()
+    }
+    with pytest.raises(converter.ConversionError, match='vittplus'):
+        converter.convert_vit_state_dict(tiny,
+                                         model.backbone.vit.state_dict(),
+                                         lambda line: None)
+
+
+@pytest.mark.parametrize('size,stage2_kept', [('hgnetv2_atto', False),
+                                              ('hgnetv2_pico', True)])
+def test_b0_imagenet_file_loads_into_the_light_sizes(converter, size,
+                                                     stage2_kept):
+    """B0's ImageNet file (keys of D-FINE-N's backbone manifest) into the
+    three-stage sizes, as upstream loads it: every key of matching shape
+    kept (stem and stages 0-1 always; stage 2 for Pico, whose stage is
+    B0's), stage 3 and Atto's narrower stage 2 dropped."""
+    b0 = {
+        k[len('backbone.'):]: torch.zeros(v)
+        for k, v in manifest('dfine_hgnetv2_n_coco_keys.json',
+                             DFINE_DATA).items() if k.startswith('backbone.')
+    }
+    model = meta_model(converter, size)
+    reference = model.backbone.state_dict()
+    kept = converter.convert_hgnetv2_state_dict(b0, reference,
+                                                lambda line: None)
+    assert not any(k.startswith('stages.3.') for k in kept)
+    assert all(k in kept for k in reference
+               if k.startswith(('stem.', 'stages.0.', 'stages.1.')))
+    stage2 = [k for k in reference if k.startswith('stages.2.')]
+    assert all(k in kept for k in stage2) == stage2_kept

@@ -1,0 +1,132 @@
+"""The DEIMv2 model: every shipped config builds; the smallest model
+(Atto) and the smallest ViT model (DEIMv2-S) train on a batch with a
+GT-less image (the same loss keys as with GT, all finite, every parameter
+in the graph); DINOv3's ViT-S+ puts every parameter in the graph too."""
+
+import pytest
+import torch
+
+from ...test_models.dino_utils import build_model, loss_values, raw_batch
+from ..test_deim.test_deim_head import EXPECTED_KEYS as DEIM_KEYS
+from .deimv2_utils import all_configs, coco_config, import_project, model_cfg
+
+# The four-layer decoders (DEIMv2-S, M, L): DEIM's keys for three layers
+# plus the fourth layer's auxiliary and denoising terms.
+FOUR_LAYER_KEYS = DEIM_KEYS | {
+    f'loss_{term}_aux_2'
+    for term in ('mal', 'bbox', 'giou', 'fgl', 'ddf')
+} | {f'loss_{term}_dn_3'
+     for term in ('mal', 'bbox', 'giou', 'fgl')} | {'loss_ddf_dn_2'}
+
+
+def test_every_custom_config_builds():
+    """The 12 custom configs build a DEIMv2 for their 2 classes (on the
+    meta device: shapes only). Each inherits its COCO config, which
+    test_convert_deimv2_checkpoint builds and compares with upstream's
+    model key for key."""
+    from mmdet.registry import MODELS
+    configs = all_configs()
+    assert len(configs) == 24
+    custom = [c for c in configs if c.endswith('_custom.py')]
+    assert len(custom) == 12
+    for config in custom:
+        cfg = model_cfg(config)
+        with torch.device('meta'):
+            model = MODELS.build(cfg)
+        assert type(model).__name__ == 'DEIMv2', config
+        assert model.bbox_head.num_classes == 2, config
+
+
+def _train_step(model, gt_counts):
+    model.zero_grad(set_to_none=True)
+    data = model.data_preprocessor(raw_batch(gt_counts), training=True)
+    losses = model(**data, mode='loss')
+    total, _ = model.parse_losses(losses)
+    total.backward()
+    return losses
+
+
+def _check_gt_less_batch(model, expected_keys):
+    """A batch whose second image has no box: upstream's full key set
+    (that of a batch with GT), every value finite, every trainable
+    parameter with a gradient."""
+    losses = _train_step(model, [3, 0])
+    assert set(losses) == expected_keys
+    values = loss_values(losses)
+    assert all(abs(v) < float('inf') for v in values.values()), values
+    missing = [
+        name for name, p in model.named_parameters()
+        if p.requires_grad and p.grad is None
+    ]
+    assert missing == []
+    assert set(_train_step(model, [2, 1])) == expected_keys
+
+
+def test_atto_trains_on_a_batch_with_a_gt_less_image():
+    cfg = model_cfg(
+        coco_config('hgnetv2_atto'),
+        num_queries=30,
+        **{
+            'bbox_head.num_classes': 2,
+            'data_preprocessor.batch_augments': None,
+            'test_cfg.max_per_img': 30
+        })
+    model = build_model(cfg)
+    assert model.bbox_head.reg_branches[2] is model.bbox_head.reg_branches[0]
+    _check_gt_less_batch(model, DEIM_KEYS)
+
+
+def test_dinov3_s_trains_on_a_batch_with_a_gt_less_image():
+    cfg = model_cfg(
+        coco_config('dinov3_s'),
+        num_queries=30,
+        **{
+            'bbox_head.num_classes': 2,
+            'data_preprocessor.batch_augments': None,
+            'backbone.vit_init_cfg': None,
+            'test_cfg.max_per_img': 30
+        })
+    _check_gt_less_batch(build_model(cfg), FOUR_LAYER_KEYS)
+
+
+def test_dinov3_vit_s_plus_puts_every_parameter_in_the_graph():
+    """DEIMv2-X's backbone (ViT-S+ with SwiGLU, storage tokens,
+    LayerScale, the masked key bias, DINOv3's mask token): three maps at
+    strides 8 / 16 / 32, and a gradient for every parameter, the mask
+    token's included (upstream adds it times 0)."""
+    from mmdet.registry import MODELS
+    import_project()
+    backbone = MODELS.build(
+        dict(
+            type='DINOv3STAs',
+            name='dinov3_vits16plus',
+            interaction_indexes=[5, 8, 11],
+            conv_inplane=8,
+            hidden_dim=32))
+    outs = backbone(torch.rand(2, 3, 64, 96))
+    assert [tuple(o.shape) for o in outs] == [(2, 32, 8, 12), (2, 32, 4, 6),
+                                              (2, 32, 2, 3)]
+    sum(o.sum() for o in outs).backward()
+    assert [n for n, p in backbone.named_parameters() if p.grad is None] == []
+    assert backbone.dinov3.blocks[0].attn.qkv.bias_mask[384:768].sum() == 0
+
+
+def test_sta_refuses_sizes_off_the_token_grid():
+    from mmdet.registry import MODELS
+    import_project()
+    backbone = MODELS.build(
+        dict(type='DINOv3STAs', name='vit_tiny',
+             interaction_indexes=[3, 7, 11]))
+    with pytest.raises(ValueError, match='pad_size_divisor'):
+        backbone(torch.rand(1, 3, 40, 48))
+
+
+def test_unknown_vit_name_is_a_value_error():
+    from mmdet.registry import MODELS
+    import_project()
+    with pytest.raises(ValueError, match='vit_tinyplus'):
+        MODELS.build(
+            dict(type='DINOv3STAs', name='vit_base',
+                 interaction_indexes=[3, 7, 11]))
+
+
