@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+_LAUNCHES_BEFORE = pytest.StashKey[int]()
+
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
@@ -26,17 +28,25 @@ def pytest_addoption(parser):
         'tests with CUDA tensors; every test is skipped where CUDA is not '
         'available). Launches through tools/dist_train.sh use a GPU '
         'whenever there is one.')
+    from tests.failure_log import add_failure_log_option
+    add_failure_log_option(parser)
 
 
 def pytest_configure(config):
     # Read by mmddp_ext.utils.rank_launcher in every rank it starts.
     os.environ['MMDDP_EXT_RANK_DEVICE'] = config.getoption('--device')
+    from tests.failure_log import register_failure_log
+    from tests.multi_rank_marker import MARKER_HELP
+    config.addinivalue_line('markers', MARKER_HELP)
+    register_failure_log(config)
 
 
 def pytest_collection_modifyitems(config, items):
     # longest files first (tools/run_tests.sh keeps this order for xdist)
     from tests.file_order import load_durations, order_by_duration
+    from tests.multi_rank_marker import mark_multi_rank
     order_by_duration(items, load_durations())
+    mark_multi_rank(items)
     if config.getoption('--device') != 'cuda':
         return
     import torch
@@ -45,6 +55,23 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason='--device cuda: CUDA is not available')
     for item in items:
         item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test that started ranks must carry the ``multi_rank`` marker
+    (tests/multi_rank_marker.py sets it; this catches what it missed)."""
+    from tests.multi_rank_marker import launches
+    item.stash[_LAUNCHES_BEFORE] = launches()
+    yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield  # a failing test fails as it is; the check adds nothing
+    from tests.multi_rank_marker import check_marked, launches
+    check_marked(item, launches() - item.stash[_LAUNCHES_BEFORE])
+    return result
 
 
 @pytest.fixture(autouse=True)

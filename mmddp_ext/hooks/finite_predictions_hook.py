@@ -37,7 +37,7 @@ def _zeroed(value: Any, rows: torch.Tensor) -> Any:
     value = value.copy() if isinstance(value, np.ndarray) else value.clone()
     target = getattr(value, 'tensor', value)
     if isinstance(target, np.ndarray):
-        target[rows.numpy()] = 0
+        target[rows.cpu().numpy()] = 0
     else:
         target[rows.to(target.device)] = 0
     return value

@@ -43,9 +43,10 @@ def history_buffer_to_plain(buffer: HistoryBuffer) -> dict:
     logs, counts = buffer.data
     return {
         HISTORY_BUFFER_TAG: True,
-        'log_history': torch.as_tensor(np.asarray(logs, dtype=np.float64)),
-        'count_history': torch.as_tensor(np.asarray(counts,
-                                                    dtype=np.float64)),
+        # from_numpy: on the host, whatever torch's default device is
+        'log_history': torch.from_numpy(np.asarray(logs, dtype=np.float64)),
+        'count_history': torch.from_numpy(
+            np.asarray(counts, dtype=np.float64)),
         'max_length': int(buffer.max_length),
     }
 

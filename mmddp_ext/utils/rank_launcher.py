@@ -13,6 +13,7 @@ Both raise :class:`MultiRankError` with every rank's output attached when a
 rank fails or the deadline passes, so a hang fails in about a minute and
 shows what each rank was doing.
 """
+import contextlib
 import glob
 import os
 import os.path as osp
@@ -48,6 +49,21 @@ FORKSERVER_PRELOAD = ('torch', 'torch.distributed', 'mmengine.runner',
                       'mmdet.models', 'mmddp_ext')
 # torch's factory draws that take a generator and no input tensor.
 _DRAWS = frozenset(('rand', 'randn', 'randint', 'randperm'))
+
+
+_launches = 0
+
+
+def _count_launch() -> None:
+    global _launches
+    _launches += 1
+
+
+def launch_count() -> int:
+    """How many runs :func:`run_on_ranks` and :func:`run_command` have
+    started in this process (the tests' ``multi_rank`` marker checks that
+    every test that starts one carries it)."""
+    return _launches
 
 
 class MultiRankError(RuntimeError):
@@ -158,6 +174,7 @@ def _use_rank_device(device: str, rank: int, world_size: int) -> None:
     torch.cuda.set_device(index)  # initialises CUDA in this process
     torch.set_default_device(f'cuda:{index}')
     _DrawWhereTheGeneratorIs().__enter__()  # above the default device
+    _full_fp32()
     if world_size > count:
         # More ranks than GPUs: MMEngine's logger names the GPU of
         # LOCAL_RANK by indexing CUDA_VISIBLE_DEVICES (IndexError past the
@@ -167,6 +184,59 @@ def _use_rank_device(device: str, rank: int, world_size: int) -> None:
         ids = visible.split(',') if visible else [str(i) for i in range(count)]
         os.environ['CUDA_VISIBLE_DEVICES'] = ','.join(
             ids[r % count] for r in range(world_size))
+
+
+class _HostPickler(pickle.Pickler):
+    """Pickles a rank's result with every tensor on the host.
+
+    A rank on a GPU returns CUDA tensors (its results, its gradients),
+    which unpickle onto the parent's GPU, while the test's expectations
+    are built on the CPU there: ``torch.testing.assert_close`` then
+    refuses the pair, ``torch.equal`` raises. Results come back on the
+    host whatever the rank's device, so every comparison in the parent is
+    made there (where the same code on CPU ranks makes it).
+    """
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor) and obj.device.type != 'cpu':
+            return obj.detach().cpu().__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+        return NotImplemented
+
+
+def _full_fp32() -> None:
+    """fp32 matmuls and convolutions in full precision, as on the CPU:
+    the tests compare GPU ranks with single-process references at 1e-6,
+    which TF32 (cuDNN's default for convolutions on Ampere and later, 10
+    mantissa bits) would miss by orders of magnitude."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+@contextlib.contextmanager
+def like_a_rank():
+    """In the caller's process, create tensors and modules as a rank of
+    :func:`run_on_ranks` would under the same :data:`RANK_DEVICE_ENV`: on
+    ``cuda`` on the current GPU (seeded CPU draws giving the CPU values,
+    full fp32), on ``cpu`` as always. A test builds its single-process
+    reference inside, so the expectation is computed where the ranks'
+    results were."""
+    device = os.environ.get(RANK_DEVICE_ENV, 'cpu')
+    if device == 'cpu':
+        yield
+        return
+    if device != 'cuda' or not torch.cuda.is_available():
+        raise ValueError(f'{RANK_DEVICE_ENV} must be cpu, or cuda where '
+                         f'CUDA is available, but got {device!r}.')
+    flags = (torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    _full_fp32()
+    try:
+        with torch.device('cuda', torch.cuda.current_device()), \
+                _DrawWhereTheGeneratorIs():
+            yield
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.allow_tf32) = flags
 
 
 def _rank_context(device: str):
@@ -220,7 +290,7 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
         traceback.print_exc()
         outcome = ('error', f'{type(error).__name__}: {error}')
     with open(result_path + '.tmp', 'wb') as f:
-        pickle.dump(outcome, f)
+        _HostPickler(f, pickle.DEFAULT_PROTOCOL).dump(outcome)
     os.replace(result_path + '.tmp', result_path)
     log.flush()
     # Stay up until every peer has reported (the parent kills stragglers at
@@ -331,6 +401,7 @@ def run_on_ranks(fn: Callable,
     Raises:
         MultiRankError: A rank raised, died or did not finish in time.
     """
+    _count_launch()
     log_dir = log_dir or tempfile.mkdtemp(prefix='mmddp_ranks_')
     for rank in range(world_size):
         if osp.exists(_started_path(log_dir, rank)):
@@ -420,6 +491,7 @@ def run_command(cmd: Sequence[str],
     Raises:
         MultiRankError: Timeout, or a non-zero exit with ``check=True``.
     """
+    _count_launch()
     full_env = dict(os.environ, **(env or {}))
     proc = subprocess.Popen(
         list(cmd),

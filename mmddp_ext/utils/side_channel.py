@@ -204,7 +204,11 @@ class SideChannel:
         """Each rank's list of ints (the same length everywhere)."""
         if self.group is None:
             return self._gather_via_store(list(values))
-        row = torch.tensor(values, dtype=torch.int64)
+        # On the host wherever the rank computes: the side group is gloo,
+        # whose all_gather takes CPU tensors only, and a CUDA tensor would
+        # also change which peers gloo's all-reduce connects (the rank that
+        # closes its group on a failure must be the one next to the dead).
+        row = torch.tensor(values, dtype=torch.int64, device='cpu')
         rows = [torch.empty_like(row) for _ in range(self.world_size)]
         with self._gloo_failure():
             dist.all_gather(rows, row, group=self.group)
@@ -215,7 +219,7 @@ class SideChannel:
         if self.group is None:
             rows = self._gather_via_store(list(values))
             return [sum(column) for column in zip(*rows)]
-        total = torch.tensor(values, dtype=torch.int64)
+        total = torch.tensor(values, dtype=torch.int64, device='cpu')
         with self._gloo_failure():
             dist.all_reduce(total, group=self.group)
         return total.tolist()

@@ -11,6 +11,7 @@ from mmengine.optim import OptimWrapper
 from mmddp_ext.hooks import NonFiniteSkipHook
 from mmddp_ext.hooks.nonfinite_skip_hook import NonFiniteLossError
 from mmddp_ext.hooks.rank_fingerprint import RankDivergenceError
+from mmddp_ext.testing import on_rank_device
 from ..helpers import build_runner
 
 HEAD = 'model.bbox_head.type'
@@ -23,6 +24,9 @@ NO_STACK_HOOKS = {
 
 
 def fake_runner(model, accumulative_counts=1):
+    """A runner stand-in around ``model`` (moved to this rank's device
+    first: BaseModel's data preprocessor learns its device from the move)."""
+    model = on_rank_device(model)
     optim_wrapper = OptimWrapper(
         torch.optim.SGD(model.parameters(), lr=0.1),
         accumulative_counts=accumulative_counts)
@@ -77,7 +81,7 @@ def train_dino(work_dir, data_root, iters, overrides):
                              outputs=None):
             sha = hashlib.sha256()
             for param in runner.model.module.parameters():
-                sha.update(param.detach().numpy().tobytes())
+                sha.update(param.detach().cpu().numpy().tobytes())
             digests.append(sha.hexdigest())
 
     runner = build_runner(work_dir, data_root, iters, overrides)

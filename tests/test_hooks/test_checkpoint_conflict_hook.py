@@ -14,7 +14,7 @@ from mmdet.models.backbones import ResNet, ResNeXt
 from mmengine.model import BaseModel
 
 from mmddp_ext.hooks import CheckpointConflictHook
-from mmddp_ext.testing import MultiRankError, run_on_ranks
+from mmddp_ext.testing import MultiRankError, on_rank_device, run_on_ranks
 from mmddp_ext.utils import activation_checkpoint as act_cp
 
 from ..helpers import build_runner, rank0_log
@@ -280,7 +280,9 @@ def _build_case(case, with_cp):
     listed = LISTED.get(case, [])
     if with_cp and listed:
         turn_on_activation_checkpointing(model, listed)
-    return model, dict(activation_checkpointing=listed)
+    # Moved last, complete: BaseModel's data preprocessor learns its
+    # device from the move.
+    return on_rank_device(model), dict(activation_checkpointing=listed)
 
 
 CASES = ('resnet', 'resnext', 'regnet', 'hrnet', 'swin', 'pvt',

@@ -12,7 +12,7 @@ from mmengine.model import BaseModel, MMDistributedDataParallel
 from mmengine.optim import OptimWrapper
 
 from mmddp_ext.hooks import NonFiniteSkipHook
-from mmddp_ext.testing import run_on_ranks
+from mmddp_ext.testing import on_rank_device, run_on_ranks
 
 NAN_RANK, NAN_CALL = 1, 2
 
@@ -45,7 +45,8 @@ def _train(hook_cls, steps=3):
     """Steps of DDP training with the hook; each rank's BatchNorm
     statistics and parameters after every step."""
     torch.manual_seed(0)
-    model = TinyBNModel()
+    # Moved once built: the data preprocessor learns its device from it.
+    model = on_rank_device(TinyBNModel())
     ddp = MMDistributedDataParallel(model, broadcast_buffers=False)
     optim_wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
     hub = MessageHub.get_instance(f'buffers_{time.monotonic()}')

@@ -14,7 +14,7 @@ from mmengine.optim import OptimWrapper
 
 from mmddp_ext.hooks import RankConsistencyHook
 from mmddp_ext.hooks.rank_consistency_hook import RankDivergenceError
-from mmddp_ext.testing import run_on_ranks
+from mmddp_ext.testing import on_rank_device, run_on_ranks
 
 from ..test_wrappers.auto_ddp_tiny import LogCapture
 
@@ -47,7 +47,7 @@ def _train_with_unreachable_gloo():
         plain_error = None
     except RuntimeError as error:  # what the hook hit before the fix
         plain_error = str(error)
-    model = TinyKeysModel()
+    model = on_rank_device(TinyKeysModel())
     optim_wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
     hub = MessageHub.get_instance(f'side_{time.monotonic()}')
     runner = SimpleNamespace(

@@ -43,16 +43,19 @@ def tiny_dino_cfg(ddp_safe: bool = True,
 
 
 def build_model(cfg, seed: int = 0) -> torch.nn.Module:
-    """Build and initialise ``cfg`` from a fixed seed, in train mode."""
+    """Build and initialise ``cfg`` from a fixed seed, in train mode, on
+    the device of this rank (:func:`mmddp_ext.testing.on_rank_device`:
+    moved once, after its last parameter exists)."""
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
 
     import mmddp_ext  # noqa: F401  (registers the DDP-safe models)
+    from mmddp_ext.testing import on_rank_device
     register_all_modules()
     torch.manual_seed(seed)
     model = MODELS.build(cfg)
     model.init_weights()
-    return model.train()
+    return on_rank_device(model).train()
 
 
 def _random_boxes(num: int, gen: torch.Generator) -> torch.Tensor:
@@ -125,21 +128,28 @@ def loss_values(losses: Dict) -> Dict[str, float]:
     return values
 
 
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().cpu().double()
+
+
 def relative_errors(grads: Dict, reference: Dict) -> Dict[str, float]:
-    """Per parameter ``||g - ref|| / ||ref||`` (0 where both are zero)."""
+    """Per parameter ``||g - ref|| / ||ref||`` (0 where both are zero),
+    on the host (the ranks' gradients come back there; a reference may
+    have been built on the ranks' GPU)."""
     errors = {}
     for name, ref in reference.items():
-        diff = (grads[name].double() - ref.double()).norm().item()
-        scale = ref.double().norm().item()
+        diff = (_host(grads[name]) - _host(ref)).norm().item()
+        scale = _host(ref).norm().item()
         errors[name] = diff / scale if scale > 0 else diff
     return errors
 
 
 def global_relative_error(grads: Dict, reference: Dict) -> float:
-    """``||g - ref|| / ||ref||`` over all parameters together."""
-    squared_diff = sum((grads[k].double() - ref.double()).norm()**2
+    """``||g - ref|| / ||ref||`` over all parameters together, on the
+    host."""
+    squared_diff = sum((_host(grads[k]) - _host(ref)).norm()**2
                        for k, ref in reference.items())
-    squared_ref = sum(ref.double().norm()**2 for ref in reference.values())
+    squared_ref = sum(_host(ref).norm()**2 for ref in reference.values())
     return (squared_diff / squared_ref).sqrt().item()
 
 

@@ -26,7 +26,7 @@ def _threads():
 def _default_device_and_sum():
     value = torch.ones(1) * (dist.get_rank() + 1)  # on the default device
     dist.all_reduce(value)
-    return value.device.type, value.item()
+    return value.device.type, value.item(), value
 
 
 def _seeded_draws():
@@ -116,11 +116,17 @@ def test_the_rank_device_switch():
     GPU exists, and refused with a clear error where none does."""
     got = run_on_ranks(_default_device_and_sum, 2, timeout=30,
                        env={'MMDDP_EXT_RANK_DEVICE': 'cpu'})
-    assert got == [('cpu', 3.0), ('cpu', 3.0)]
+    assert [g[:2] for g in got] == [('cpu', 3.0), ('cpu', 3.0)]
     if torch.cuda.is_available():
         got = run_on_ranks(_default_device_and_sum, 2, timeout=30,
                            env={'MMDDP_EXT_RANK_DEVICE': 'cuda'})
-        assert got == [('cuda', 3.0), ('cuda', 3.0)]
+        assert [g[:2] for g in got] == [('cuda', 3.0), ('cuda', 3.0)]
+        # A rank's CUDA result comes back on the host, where the test
+        # builds its expectations (issue 34: a CUDA result against a CPU
+        # expectation failed test_ddp_averaging.py).
+        for _, _, value in got:
+            assert value.device.type == 'cpu'
+            torch.testing.assert_close(value, torch.full((1, ), 3.0))
         # Seeded draws give the CPU run's values; the data is on the GPU,
         # a sampler's permutation stays on the CPU.
         on_cpu = run_on_ranks(_seeded_draws, 2, timeout=30,

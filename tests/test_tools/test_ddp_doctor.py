@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.helpers import REPO_ROOT, as_cli, data_overrides
 
 BASES = [
@@ -142,6 +144,7 @@ def test_rank_only_loss_key_and_checkpointing_conflict(
         assert any(n.startswith('backbone.layer1.0.') for n in hidden)
 
 
+@pytest.mark.multi_rank  # the doctor it runs probes on 2 ranks
 def test_ddp_safe_config_cli(tmp_path, synthetic_root):
     """configs/dino_tiny_ddp_safe.py through the command line: every
     dynamic check ok, and the ranks' averaged gradient equals one

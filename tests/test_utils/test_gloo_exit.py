@@ -27,6 +27,7 @@ SCRIPT = osp.join(osp.dirname(osp.abspath(__file__)), 'gloo_exit_rank.py')
 TIMEOUT = 90
 
 
+@pytest.mark.multi_rank  # starts its ranks itself
 def test_a_rank_exits_cleanly_with_a_collective_finishing_at_exit(tmp_path):
     port = free_port()
     procs = []

@@ -12,6 +12,8 @@ from mmengine.logging import MessageHub, MMLogger
 from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper
 
+from mmddp_ext.testing import on_rank_device
+
 
 def extra_used(pattern: str, call: int, rank: int) -> bool:
     """Whether forward call ``call`` (1-based) on ``rank`` uses ``extra``.
@@ -90,7 +92,7 @@ def train_tiny(pattern: str,
     # A hub of its own, as a Runner has: the decision is kept there.
     MessageHub.get_instance(f'train_tiny_{time.monotonic()}')
     torch.manual_seed(0)
-    model = TinyModel(pattern)
+    model = on_rank_device(TinyModel(pattern))
     ddp = wrapper_cls(model, broadcast_buffers=False, **(wrapper_kwargs or {}))
     hook_calls = []
     ddp.register_forward_pre_hook(lambda *args: hook_calls.append(1))

@@ -47,8 +47,8 @@ class _SnapshotInitialParams:
 
 
 def _digest(tensor):
-    return hashlib.sha256(tensor.detach().contiguous().numpy().tobytes()
-                          ).hexdigest()
+    host = tensor.detach().contiguous().cpu().numpy()
+    return hashlib.sha256(host.tobytes()).hexdigest()
 
 
 def _train(work_dir, data_root, overrides, name):

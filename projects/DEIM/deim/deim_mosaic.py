@@ -156,7 +156,7 @@ class DEIMMosaic(BaseTransform):
             images.append(
                 mmcv.imresize(
                     part['img'], (new_w, new_h), interpolation='bilinear'))
-            scaled = part['gt_bboxes'].numpy().reshape(-1, 4).copy()
+            scaled = part['gt_bboxes'].cpu().numpy().reshape(-1, 4).copy()
             scaled[:, 0::2] *= new_w / width
             scaled[:, 1::2] *= new_h / height
             boxes.append(scaled)

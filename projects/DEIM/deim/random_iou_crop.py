@@ -111,11 +111,11 @@ class RandomIoUCrop(BaseTransform):
             return results
         height, width = results['img'].shape[:2]
         boxes = results['gt_bboxes']
-        crop = self._crop(boxes.numpy(), height, width)
+        crop = self._crop(boxes.cpu().numpy(), height, width)
         if crop is None:
             return results
         left, top, right, bottom = crop
-        keep = _centre_inside(boxes.numpy(), crop)
+        keep = _centre_inside(boxes.cpu().numpy(), crop)
         results['img'] = results['img'][top:bottom, left:right]
         results['img_shape'] = results['img'].shape[:2]
         cropped = boxes[keep]

@@ -24,7 +24,9 @@ def host_to_device(data, device, dtype=None) -> Tensor:
     Returns:
         Tensor: The data on ``device``.
     """
-    host = torch.as_tensor(data, dtype=dtype)
+    # On the host even under a CUDA default device (torch.set_default_device,
+    # as the GPU test ranks run): pin_memory takes CPU tensors only.
+    host = torch.as_tensor(data, dtype=dtype, device='cpu')
     device = torch.device(device)
     if device.type != 'cuda':
         return host.to(device)

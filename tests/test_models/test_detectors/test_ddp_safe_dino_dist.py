@@ -11,7 +11,8 @@ import os.path as osp
 
 import pytest
 
-from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
+from mmddp_ext.testing import (like_a_rank, make_synthetic_coco,
+                               run_on_ranks)
 from ..dino_utils import (build_model, control_step_report, ddp_step_report,
                           drop_dn_padding_of_gt_less_images,
                           global_relative_error, loss_and_grads, raw_batch,
@@ -272,11 +273,12 @@ def test_ddp_gradient_equals_single_process(dist_run):
     tensor (1e-5: tiny BN-bias gradients are cancelling sums).
     """
     world_size, results = dist_run
-    reference_model = build_model(
-        tiny_dino_cfg(ddp_safe=True, deterministic=True))
-    drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
-    all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
-    _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
+    with like_a_rank():  # the reference on the ranks' device
+        reference_model = build_model(
+            tiny_dino_cfg(ddp_safe=True, deterministic=True))
+        drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
+        all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
+        _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
 
     grads = results[0]['steps']['grads']
     assert global_relative_error(grads, reference) < 1e-6

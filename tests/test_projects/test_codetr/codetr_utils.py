@@ -52,11 +52,14 @@ def tiny_model_cfg(deterministic: bool = False):
 
 
 def build_tiny(cfg, seed: int = 0):
-    """Build and initialise ``cfg`` from a fixed seed, in train mode."""
+    """Build and initialise ``cfg`` from a fixed seed, in train mode, on
+    this rank's device (moved once, after its last parameter exists)."""
     import torch
     import_project()
     from mmdet.registry import MODELS
+
+    from mmddp_ext.testing import on_rank_device
     torch.manual_seed(seed)
     model = MODELS.build(cfg)
     model.init_weights()
-    return model.train()
+    return on_rank_device(model).train()

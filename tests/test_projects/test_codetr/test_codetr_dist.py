@@ -10,7 +10,7 @@ in) whose gradient is compared with a single process.
 import pytest
 import torch
 
-from mmddp_ext.testing import run_on_ranks
+from mmddp_ext.testing import like_a_rank, run_on_ranks
 from ...test_models.dino_utils import (ddp_step_report,
                                        drop_dn_padding_of_gt_less_images,
                                        global_relative_error, loss_and_grads,
@@ -171,11 +171,13 @@ def test_ddp_gradient_equals_single_process(dist_run):
     per-rank patch the RPN/RoI tensors miss by about 1e-2.
     """
     world_size, results = dist_run
-    reference_model = build_tiny(tiny_model_cfg(deterministic=True))
-    drop_dn_padding_of_gt_less_images(reference_model.query_head)
-    normalise_rpn_roi_per_rank(reference_model, len(GT_COUNTS[world_size][0]))
-    counts = [n for rank in GT_COUNTS[world_size] for n in rank]
-    _, reference = loss_and_grads(reference_model, raw_batch(counts))
+    with like_a_rank():  # the reference on the ranks' device
+        reference_model = build_tiny(tiny_model_cfg(deterministic=True))
+        drop_dn_padding_of_gt_less_images(reference_model.query_head)
+        normalise_rpn_roi_per_rank(reference_model,
+                                   len(GT_COUNTS[world_size][0]))
+        counts = [n for rank in GT_COUNTS[world_size] for n in rank]
+        _, reference = loss_and_grads(reference_model, raw_batch(counts))
     grads = results[0]['det_grads']
     two_stage = {
         name: grad

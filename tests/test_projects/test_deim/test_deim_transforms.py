@@ -122,7 +122,7 @@ def test_iou_crop_keeps_boxes_with_centres_inside_and_clips_them():
         out = crop(_crop_results(boxes))
         height, width = out['img'].shape[:2]
         assert out['img_shape'] == (height, width)
-        kept = out['gt_bboxes'].numpy()
+        kept = out['gt_bboxes'].cpu().numpy()
         assert len(kept) == len(out['gt_bboxes_labels']) == len(
             out['gt_ignore_flags'])
         if (height, width) == (60, 80):

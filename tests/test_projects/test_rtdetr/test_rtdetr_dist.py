@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
+from mmddp_ext.testing import (like_a_rank, make_synthetic_coco,
+                               run_on_ranks)
 from ...helpers import data_options, dist_train, rank0_log, tiny_options
 from ...test_models.dino_utils import (ddp_step_report, global_relative_error,
                                        loss_and_grads, raw_batch,
@@ -95,10 +96,11 @@ def test_ddp_gradient_equals_single_process(dist_run):
     the DINO test.
     """
     world_size, steps, _, _ = dist_run
-    reference_model = build_tiny(deterministic=True)
-    drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
-    all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
-    _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
+    with like_a_rank():  # the reference on the ranks' device
+        reference_model = build_tiny(deterministic=True)
+        drop_dn_padding_of_gt_less_images(reference_model.bbox_head)
+        all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
+        _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
     grads = steps[0]['grads']
     assert global_relative_error(grads, reference) < 1e-6
     errors = relative_errors(grads, reference)
