@@ -419,13 +419,15 @@ def test_recorder_reports_an_extra_collective_instead_of_hanging():
 
 def _sync_bn_forward(twin: bool):
     """SyncBatchNorm on CPU ranks, each with its own 3 images; returns the
-    output, the running mean and the input gradient (or the error)."""
+    output, the running mean and the input gradient (or the error). On
+    the CPU whatever the ranks' device (``pytest --device cuda``): the
+    twin is what the doctor runs on CPU ranks."""
     import torch.distributed as dist
 
     from mmddp_ext.doctor.cpu_twins import sync_batch_norm_on_cpu
     torch.manual_seed(dist.get_rank())
-    layer = nn.SyncBatchNorm(2).train()
-    x = torch.randn(3, 2, 4, 4, requires_grad=True)
+    layer = nn.SyncBatchNorm(2, device='cpu').train()
+    x = torch.randn(3, 2, 4, 4, requires_grad=True, device='cpu')
     try:
         if twin:
             with sync_batch_norm_on_cpu():
@@ -434,7 +436,8 @@ def _sync_bn_forward(twin: bool):
             out = layer(x)
     except ValueError as error:
         return dict(error=str(error))
-    (out * torch.arange(out.numel()).view_as(out)).sum().backward()
+    weights = torch.arange(out.numel(), device=out.device).view_as(out)
+    (out * weights).sum().backward()
     return dict(x=x.detach(), out=out.detach(), grad=x.grad,
                 running_mean=layer.running_mean.clone())
 
