@@ -32,7 +32,8 @@ def parse_args(argv=None):
         '--amp',
         action='store_true',
         default=False,
-        help='enable automatic-mixed-precision training (CUDA only)')
+        help='enable automatic-mixed-precision training (float16 autocast '
+        'with a dynamic loss scale; CPU ranks too under ExtRunner)')
     parser.add_argument(
         '--auto-scale-lr',
         action='store_true',

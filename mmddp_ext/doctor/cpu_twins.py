@@ -13,10 +13,12 @@ twin and the report says so:
   the collectives the report lists for these layers are the twin's.
 - AMP (``AmpOptimWrapper``): runs as AMP, in the config's autocast dtype
   on the CPU (``ExtAmpOptimWrapper``, as ``ExtRunner`` runs it on CPU
-  ranks), so a half-precision fault of the model shows in the probe; the
-  loss scaler is off (its scaling changes gradient magnitudes, not which
-  parameters get gradients or which collectives run, and the probe's own
-  backward calls are unscaled).
+  ranks), so a half-precision fault of the model shows in the probe. Its
+  dynamic loss scale starts at 1 instead of 65536: the scale changes
+  gradient magnitudes, not which parameters get gradients or which
+  collectives run, and so the gradients the probe records and compares
+  are the model's own; the scaler still skips a step whose gradients are
+  non-finite, as on GPUs.
 - The device: every tensor is on the CPU.
 """
 import contextlib
@@ -128,6 +130,6 @@ def describe_twins(sync_bn_layers: int, precision=None) -> List[str]:
                     'by an all-reduce over gloo)')
     if precision is not None and precision.amp:
         used.append(f'AMP ran as {precision.dtype} autocast on the CPU '
-                    '(ExtAmpOptimWrapper) without loss scaling')
+                    '(ExtAmpOptimWrapper, loss scale from 1)')
     used.append('tensors on the CPU')
     return used

@@ -208,8 +208,11 @@ class RankProbe:
         def backward():
             loss = state['loss']
             reached = graph_parameters(loss) if loss.requires_grad else set()
+            scaler = getattr(self.optim_wrapper, 'loss_scaler', None)
             if loss.requires_grad:
-                loss.backward()
+                # through AMP's scaler (scale 1, see cpu_twins), so that
+                # its step skips non-finite gradients as on GPUs
+                (loss if scaler is None else scaler.scale(loss)).backward()
             record['hidden_from_ddp'] = [
                 n for n, p in self.params
                 if p.grad is not None and id(p) not in reached

@@ -10,8 +10,8 @@ through a subclass that differs only where CPU ranks or the probe need it:
   ``sync_bn`` converts it as a GPU launch would (its layers then run as
   the CPU twin, see :mod:`.cpu_twins`);
 - ``build_optim_wrapper``: an ``AmpOptimWrapper`` runs as AMP on the CPU
-  (``ExtAmpOptimWrapper``, the config's autocast dtype) with loss
-  scaling off (see :mod:`.cpu_twins`);
+  (``ExtAmpOptimWrapper``, the config's autocast dtype) from a loss scale
+  of 1 (see :mod:`.cpu_twins`);
 - ``build_train_loop``: the config's loop (epoch- or iteration-based, its
   dataloader built as configured) runs the probe's iterations instead of
   its own (:class:`ProbeLoopMixin`);
@@ -103,7 +103,7 @@ class _ProbeRunnerMixin:
             optim_wrapper = self.doctor_precision.optim_wrapper
             if self.doctor_precision.amp:
                 optim_wrapper = type(optim_wrapper)(
-                    optim_wrapper, loss_scale=dict(enabled=False))
+                    optim_wrapper, loss_scale=dict(init_scale=1.0))
         return super().build_optim_wrapper(optim_wrapper)
 
     def build_train_loop(self, loop):

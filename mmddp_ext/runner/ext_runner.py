@@ -27,8 +27,8 @@ from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
-from .ddp_setup import (checked_ext_cfg, cpu_optim_wrapper_cfg, ext_hooks,
-                        resolve_ddp_setup, train_collate_cfg)
+from .ddp_setup import (checked_ext_cfg, ext_hooks, resolve_ddp_setup,
+                        resolve_precision, train_collate_cfg)
 from .formatted_once_config import FormattedOnceConfig
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
@@ -183,21 +183,21 @@ class ExtRunner(Runner):
         return super().wrap_model(setup.wrapper_cfg, model)
 
     def build_optim_wrapper(self, optim_wrapper):
-        """Differs from ``Runner.build_optim_wrapper`` on CPU ranks only:
-        ``AmpOptimWrapper``, which MMEngine refuses there, runs as a float32
-        ``OptimWrapper`` with a warning (as ``sync_bn`` is skipped), so a
-        GPU recipe with AMP also runs on CPU ranks."""
-        if get_device() == 'cpu':
-            plain = cpu_optim_wrapper_cfg(optim_wrapper)
-            if plain is not optim_wrapper:
+        """Differs from ``Runner.build_optim_wrapper`` for an
+        ``AmpOptimWrapper`` config: it builds ``ExtAmpOptimWrapper``, which
+        runs mixed precision on CPU ranks too (MMEngine's refuses them)
+        through the code GPU ranks run, or a float32 ``OptimWrapper`` on
+        CPU ranks with ``mmddp_ext_cfg.cpu_amp=False``
+        (:func:`~mmddp_ext.runner.ddp_setup.resolve_precision`). The log
+        says which precision trains."""
+        if isinstance(optim_wrapper, dict):
+            precision = resolve_precision(optim_wrapper, get_device(),
+                                          self.ext_cfg['cpu_amp'])
+            if precision.reason:
                 print_log(
-                    'ExtRunner: AmpOptimWrapper skipped: mixed precision '
-                    'runs on GPUs only, so CPU ranks train in float32 with '
-                    'OptimWrapper (loss_scale and dtype unused). It applies '
-                    'again on GPU ranks.',
-                    logger='current',
-                    level=logging.WARNING)
-                optim_wrapper = plain
+                    f'ExtRunner: training in {precision.describe()}.',
+                    logger='current')
+            optim_wrapper = precision.optim_wrapper
         return super().build_optim_wrapper(optim_wrapper)
 
     def register_hooks(

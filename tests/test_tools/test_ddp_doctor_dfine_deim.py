@@ -20,6 +20,7 @@
   (``test_upstream_empty_batch_behaviour_hangs``).
 """
 import os.path as osp
+import re
 
 import pytest
 from mmengine.config import Config
@@ -62,6 +63,10 @@ def test_smallest_custom_config_agrees_with_its_run(
     doctor, report = _doctor(config, _as_a_user_fills_it(options),
                              shrink=True)
     assert doctor == 0 and 'BLOCKER' not in report, report[-3000:]
+    # the recipe's AMP is probed as AMP (its float16 autocast on the CPU);
+    # the report's table wraps the text inside cell borders
+    flat = ' '.join(re.sub(r'[\u2500-\u257f]', ' ', report).split())
+    assert 'AMP ran as float16 autocast on the CPU' in flat, report[-3000:]
     if project.startswith('DEIM'):
         real, out = _real(config, options, str(tmp_path / 'work'))
         assert real == 0, out[-3000:]

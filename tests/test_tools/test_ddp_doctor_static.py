@@ -466,17 +466,35 @@ def test_sync_batch_norm_twin_matches_batch_norm_over_every_rank():
                for r in stock)
 
 
-def test_amp_optim_wrapper_twin():
+def test_amp_is_probed_as_amp_from_a_loss_scale_of_one():
+    """The probe builds an AmpOptimWrapper config as ExtAmpOptimWrapper in
+    the config's dtype on the CPU (what ExtRunner trains on CPU ranks),
+    its dynamic scale starting at 1 (gradients of the model's own size)."""
     from mmengine.config import ConfigDict
 
-    from mmddp_ext.runner.ddp_setup import cpu_optim_wrapper_cfg
+    from mmddp_ext.doctor.cpu_twins import describe_twins
+    from mmddp_ext.doctor.probe_runner import _ProbeRunnerMixin
+
+    class Base:
+        def build_optim_wrapper(self, optim_wrapper):
+            return optim_wrapper
+
+    class Probe(_ProbeRunnerMixin, Base):
+        pass
+
+    probe = Probe()
     amp = ConfigDict(type='AmpOptimWrapper', loss_scale='dynamic',
-                     optimizer=dict(type='AdamW', lr=1e-4))
-    plain = cpu_optim_wrapper_cfg(amp)
-    assert plain == dict(type='OptimWrapper',
-                         optimizer=dict(type='AdamW', lr=1e-4))
+                     dtype='bfloat16', optimizer=dict(type='AdamW', lr=1e-4))
+    built = probe.build_optim_wrapper(amp)
+    assert built == dict(amp, type='ExtAmpOptimWrapper',
+                         loss_scale=dict(init_scale=1.0))
+    assert describe_twins(0, probe.doctor_precision) == [
+        'AMP ran as bfloat16 autocast on the CPU (ExtAmpOptimWrapper, '
+        'loss scale from 1)', 'tensors on the CPU'
+    ]
     kept = ConfigDict(type='OptimWrapper', optimizer=dict(type='SGD'))
-    assert cpu_optim_wrapper_cfg(kept) is kept
+    assert probe.build_optim_wrapper(kept) is kept
+    assert describe_twins(0, probe.doctor_precision) == ['tensors on the CPU']
 
 
 def test_split_invariant_forward():

@@ -32,7 +32,8 @@ def guarded_score_loss(loss_map: LossMap,
                        weight: Optional[Tensor] = None,
                        reduction: str = 'mean',
                        avg_factor: Optional[Union[float, Tensor]] = None,
-                       min_avg_factor: float = 1.0) -> Tensor:
+                       min_avg_factor: float = 1.0,
+                       divisor_eps: Optional[float] = None) -> Tensor:
     """``loss_map(pred, target)`` reduced as mmdet's ``weight_reduce_loss``
     (weights, then 'none', 'mean' or 'sum'; 'mean' with ``avg_factor`` is
     ``sum / (avg_factor + eps)``), finite where that one is not:
@@ -49,7 +50,10 @@ def guarded_score_loss(loss_map: LossMap,
       rank.
 
     On finite inputs with ``avg_factor`` at or above ``min_avg_factor``
-    the result is that of ``weight_reduce_loss`` bit for bit.
+    the result is that of ``weight_reduce_loss`` bit for bit (with
+    ``divisor_eps=None``), or the weighted sum divided by ``avg_factor``
+    itself (``divisor_eps=0``, as upstream RT-DETR, D-FINE and DEIM divide
+    by their box count).
 
     Args:
         loss_map (Callable): Element-wise loss of ``(pred, target)``, both
@@ -63,6 +67,8 @@ def guarded_score_loss(loss_map: LossMap,
             for reduction 'mean'. Defaults to None (the element mean).
         min_avg_factor (float): Lower bound of ``avg_factor``. Defaults to
             1.0.
+        divisor_eps (float, optional): Added to ``avg_factor``; None:
+            mmdet's (float32's machine epsilon). Defaults to None.
 
     Returns:
         Tensor: The loss, at least float32; element-wise for 'none'.
@@ -86,4 +92,8 @@ def guarded_score_loss(loss_map: LossMap,
         avg_factor = avg_factor.to(divisor_dtype).clamp(min=min_avg_factor)
     elif avg_factor is not None:
         avg_factor = max(avg_factor, min_avg_factor)
-    return weight_reduce_loss(loss, weight, reduction, avg_factor)
+    if divisor_eps is None or avg_factor is None or reduction != 'mean':
+        return weight_reduce_loss(loss, weight, reduction, avg_factor)
+    if weight is not None:
+        loss = loss * weight
+    return loss.sum() / (avg_factor + divisor_eps)

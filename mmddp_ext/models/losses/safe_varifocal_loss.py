@@ -42,6 +42,11 @@ class SafeVarifocalLoss(VarifocalLoss):
     Float16 inputs, or a call under autocast, are computed and reduced in
     float32 (the result is float32).
 
+    ``divisor_eps`` (a class attribute, not a config key) is what the
+    reduction adds to ``avg_factor``: None here, mmdet's float32 epsilon as
+    ``VarifocalLoss``; 0 in the DETR ports, whose upstream divides by the
+    box count itself (so that their losses equal upstream's in float64).
+
     Args:
         use_sigmoid (bool): Must be True, as upstream. Defaults to True.
         alpha (float): Weight of the negatives' term. Defaults to 0.75.
@@ -53,6 +58,8 @@ class SafeVarifocalLoss(VarifocalLoss):
         min_avg_factor (float): Lower bound applied to ``avg_factor``.
             Must be > 0. Defaults to 1.0.
     """
+
+    divisor_eps: Optional[float] = None
 
     def __init__(self,
                  use_sigmoid: bool = True,
@@ -130,7 +137,8 @@ class SafeVarifocalLoss(VarifocalLoss):
             weight=weight,
             reduction=reduction_override or self.reduction,
             avg_factor=avg_factor,
-            min_avg_factor=self.min_avg_factor)
+            min_avg_factor=self.min_avg_factor,
+            divisor_eps=self.divisor_eps)
         return self.loss_weight * loss
 
     def loss_map(self, pred: Tensor, target: Tensor) -> Tensor:

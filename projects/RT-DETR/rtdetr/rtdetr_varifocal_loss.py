@@ -47,6 +47,9 @@ class RTDETRVarifocalLoss(SafeVarifocalLoss):
             (``use_sigmoid``, which must stay True).
     """
 
+    # Upstream divides the summed loss by the box count, with no epsilon.
+    divisor_eps = 0.0
+
     def forward(self,
                 *args,
                 labels: Optional[Tensor] = None,

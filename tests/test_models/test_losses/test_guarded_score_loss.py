@@ -61,7 +61,8 @@ def unguarded(loss_map,
               weight=None,
               reduction='mean',
               avg_factor=None,
-              min_avg_factor=1.0):
+              min_avg_factor=1.0,
+              divisor_eps=None):
     """mmdet's reduction of the map, as the losses reduced before their
     guards: no cleaning, no bound, no upcast."""
     return weight_reduce_loss(
