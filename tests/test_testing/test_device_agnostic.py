@@ -29,21 +29,21 @@ def _is_cpu_call(node: ast.AST) -> bool:
             and node.func.attr == 'cpu')
 
 
-def numpy_off_host(tree: ast.AST) -> List[int]:
+def numpy_off_host(nodes: List[ast.AST]) -> List[int]:
     """Lines with ``x.numpy()`` where ``x`` is not ``<...>.cpu()``."""
     return [
-        node.lineno for node in ast.walk(tree)
+        node.lineno for node in nodes
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         and node.func.attr == 'numpy' and not node.args
         and not _is_cpu_call(node.func.value)
     ]
 
 
-def legacy_constructors(tree: ast.AST) -> List[int]:
+def legacy_constructors(nodes: List[ast.AST]) -> List[int]:
     """Lines with ``torch.Tensor(...)`` and the typed legacy constructors
     called with arguments (``isinstance(x, torch.Tensor)`` is fine)."""
     return [
-        node.lineno for node in ast.walk(tree)
+        node.lineno for node in nodes
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
         and isinstance(node.func.value, ast.Name)
         and node.func.value.id == 'torch'
@@ -87,10 +87,10 @@ def _adds_part_to(stmt: ast.stmt, name: str) -> bool:
     return False
 
 
-def parts_added_after_move(tree: ast.AST) -> List[int]:
+def parts_added_after_move(nodes: List[ast.AST]) -> List[int]:
     """Lines that add a part to a module moved earlier in the same block."""
     lines = []
-    for node in ast.walk(tree):
+    for node in nodes:
         body = getattr(node, 'body', None)
         if not isinstance(body, list):
             continue
@@ -121,10 +121,10 @@ def _python_files():
 
 
 def scan(source: str) -> List[str]:
-    tree = ast.parse(source)
+    nodes = list(ast.walk(ast.parse(source)))
     return [
         f'{line}: {rule}' for rule, find in RULES.items()
-        for line in find(tree)
+        for line in find(nodes)
     ]
 
 

@@ -45,7 +45,9 @@ def test_missing_torchrun_env_is_refused(monkeypatch):
 
 def _init_and_all_reduce():
     backend = dist_env.init_distributed('pytorch', backend='nccl', timeout=60)
-    value = torch.tensor([float(dist.get_rank() + 1)])
+    # on the rank's GPU where NCCL was chosen (it takes no CPU tensors)
+    value = torch.tensor([float(dist.get_rank() + 1)],
+                         device=dist_env.rank_device())
     dist.all_reduce(value)
     return backend, dist.get_world_size(), value.item()
 
@@ -57,4 +59,7 @@ def test_init_distributed_falls_back_to_gloo_on_cpu(world_size):
     results = run_on_ranks(
         _init_and_all_reduce, world_size, timeout=60, init_group=False)
     expected_sum = world_size * (world_size + 1) / 2
-    assert results == [('gloo', world_size, expected_sum)] * world_size
+    # A node with a GPU for every rank keeps NCCL (the same rule, seen
+    # from the other side; the ranks share this machine's GPUs).
+    expected = 'nccl' if torch.cuda.device_count() >= world_size else 'gloo'
+    assert results == [(expected, world_size, expected_sum)] * world_size
