@@ -69,10 +69,10 @@ def _names(code: types.CodeType) -> Iterable[str]:
 
 @functools.lru_cache(maxsize=None)
 def _package_module(name: str):
-    """``name``, a module of the package not loaded yet, imported (so
-    that the marks do not depend on which other files were collected);
-    None for any other name."""
-    if name.split('.')[0] != 'mmddp_ext':
+    """``name``, a module of the package or of the tests not loaded yet,
+    imported (so that the marks do not depend on which other files were
+    collected); None for any other name."""
+    if name.split('.')[0] not in OWN_PACKAGES:
         return None
     try:
         if importlib.util.find_spec(name) is None:
