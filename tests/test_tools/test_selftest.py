@@ -1,0 +1,131 @@
+"""tools/selftest.sh: its quick CPU form end to end (what CI runs), and its
+negative control (an AMP check broken on purpose fails the run)."""
+import importlib.util
+import json
+import math
+import os
+import os.path as osp
+import re
+import subprocess
+
+import pytest
+
+from mmddp_ext.testing import kill_process_tree
+
+from ..helpers import REPO_ROOT
+
+# The quick CPU form took 357 s beside other engineers' runs (load
+# average 11 on 2 cores); three times that stops a hang.
+RUN_TIMEOUT_S = 1080
+UPSTREAM_ENVS = ('DFINE_UPSTREAM', 'CODETR_UPSTREAM', 'RTDETR_UPSTREAM')
+AMP_CHECKS = ('amp_co_dino', 'amp_rtdetrv2', 'amp_dfine', 'amp_deim')
+ALL_CHECKS = ('multi_rank_tests', ) + AMP_CHECKS + (
+    'upstream_dfine', 'upstream_codetr', 'upstream_rtdetrv2')
+
+
+def load_selftest():
+    spec = importlib.util.spec_from_file_location(
+        'selftest', osp.join(REPO_ROOT, 'tools', 'selftest.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_selftest(work_dir: str, *args: str):
+    """``tools/selftest.sh --device cpu --quick`` with no upstream checkout
+    set; returns its completed process and its JSON report."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        # the outer pytest's own variables are not the inner one's
+        if k not in UPSTREAM_ENVS +
+        ('MMDDP_SELFTEST_BREAK', ) and not k.startswith('PYTEST_')
+    }
+    json_path = osp.join(work_dir, 'report', 'selftest.json')
+    proc = subprocess.Popen([
+        'bash', 'tools/selftest.sh', '--device', 'cpu', '--quick',
+        '--work-dir', work_dir, '--json', json_path, *args
+    ],
+                            cwd=REPO_ROOT,
+                            env=env,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        kill_process_tree(proc.pid)  # the self-test, its runs, their ranks
+        stdout, stderr = proc.communicate()
+        pytest.fail(f'tools/selftest.sh ran past {RUN_TIMEOUT_S} s:\n'
+                    f'{stdout[-6000:]}{stderr[-3000:]}')
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
+                                      stderr)
+    assert osp.exists(json_path), out.stdout[-3000:] + out.stderr[-3000:]
+    with open(json_path) as f:
+        return out, json.load(f)
+
+
+def table_status(stdout: str, check: str) -> str:
+    """The status column of ``check``'s row in the final table."""
+    match = re.search(rf'^{check}\s+(passed|failed|skipped)\s', stdout, re.M)
+    assert match, f'no table row for {check}:\n{stdout[-3000:]}'
+    return match.group(1)
+
+
+@pytest.mark.multi_rank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_quick_cpu_selftest_passes_and_reports_every_check(tmp_path):
+    out, report = run_selftest(str(tmp_path))
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    assert 'SELFTEST PASSED' in out.stdout
+    checks = {c['name']: c for c in report['checks']}
+    assert tuple(checks) == ALL_CHECKS
+    assert report['exit_code'] == 0 and report['failed'] == []
+    assert report['device'] == 'cpu' and report['quick'] is True
+    assert report['budget']['step_budget_s'] > 0
+    for name in ('multi_rank_tests', ) + AMP_CHECKS:
+        assert checks[name]['status'] == 'passed', checks[name]
+        assert table_status(out.stdout, name) == 'passed'
+        assert osp.isfile(checks[name]['log'])
+    tests = checks['multi_rank_tests']['figures']
+    assert tests['passed'] >= 2 and tests['failed'] == tests['errors'] == 0
+    for name in AMP_CHECKS:
+        figures = checks[name]['figures']
+        assert figures['iterations_logged'] >= 1, (name, figures)
+        assert figures['losses_finite'], (name, figures)
+        assert math.isfinite(figures['loss_first']), (name, figures)
+        assert figures['first_finite_grad_norm_iter'] >= 1, (name, figures)
+        assert 0.0 <= figures['bbox_mAP'] <= 1.0, (name, figures)
+        assert figures['loss_scale_last'] is not None, (name, figures)
+    for name, env in zip(ALL_CHECKS[-3:], UPSTREAM_ENVS):
+        assert checks[name]['status'] == 'skipped'
+        assert table_status(out.stdout, name) == 'skipped'
+        assert report['skipped'][name].startswith(f'{env} is not set')
+        assert f'skipped {name}: {env} is not set' in out.stdout
+
+
+@pytest.mark.multi_rank
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_broken_amp_check_fails_the_selftest(tmp_path):
+    """Negative control: a static loss scale of 1e30 overflows every
+    float16 gradient; the run itself exits 0 (the scaler skips every
+    step), and the check must still fail and the self-test exit 1."""
+    out, report = run_selftest(
+        str(tmp_path), '--only', 'amp_rtdetrv2', '--break', 'amp_rtdetrv2')
+    assert out.returncode == 1, out.stdout[-6000:] + out.stderr[-3000:]
+    assert 'SELFTEST FAILED: amp_rtdetrv2' in out.stdout
+    assert table_status(out.stdout, 'amp_rtdetrv2') == 'failed'
+    check, = report['checks']
+    assert report['failed'] == ['amp_rtdetrv2']
+    assert check['figures']['exit_code'] == 0
+    assert check['figures']['iterations_logged'] >= 1
+    assert check['figures']['first_finite_grad_norm_iter'] is None
+    assert 'never settled' in check['reason']
+    # the failing step's log tail is printed
+    assert f"last 40 lines of {check['log']}" in out.stdout
+
+
+def test_break_names_only_amp_checks():
+    selftest = load_selftest()
+    with pytest.raises(SystemExit, match='takes AMP checks'):
+        selftest.main(['--device', 'cpu', '--break', 'multi_rank_tests'])
