@@ -26,8 +26,9 @@ def pytest_addoption(parser):
         default='cpu',
         help='device of the ranks that run_on_ranks starts (cuda: the same '
         'tests with CUDA tensors; every test is skipped where CUDA is not '
-        'available). Launches through tools/dist_train.sh use a GPU '
-        'whenever there is one.')
+        'available; -m multi_rank selects the tests that start ranks). '
+        'Launches through tools/dist_train.sh use a GPU whenever there is '
+        'one.')
     from tests.failure_log import add_failure_log_option
     add_failure_log_option(parser)
 
