@@ -632,6 +632,16 @@ RATIO_LINES = (
 )
 
 
+def read_ratios(text: str) -> Dict[str, float]:
+    """Port / upstream ratio per phase (training, inference, train) from
+    a benchmark's printed report."""
+    ratios = {}
+    for pattern in RATIO_LINES:
+        for match in pattern.finditer(text):
+            ratios[match.group('phase')] = float(match.group('ratio'))
+    return ratios
+
+
 def upstream_benchmark(spec: Upstream, ctx: Context) -> Result:
     """``spec``'s benchmark when its environment variable names a
     directory; skipped (with the reason) when the variable is unset."""
@@ -655,11 +665,7 @@ def upstream_benchmark(spec: Upstream, ctx: Context) -> Result:
     code, cut = run_logged([sys.executable, spec.script, *args], log,
                            ctx.plan.upstream_timeout_s, ctx.env())
     with open(log, errors='replace') as f:
-        text = f.read()
-    ratios = {}
-    for pattern in RATIO_LINES:
-        for match in pattern.finditer(text):
-            ratios[match.group('phase')] = float(match.group('ratio'))
+        ratios = read_ratios(f.read())
     summary = ', '.join(f'{phase} port/upstream {ratio:.3f}'
                         for phase, ratio in ratios.items())
     figures = dict(ratios=ratios, exit_code=code, upstream=root)

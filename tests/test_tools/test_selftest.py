@@ -129,3 +129,76 @@ def test_break_names_only_amp_checks():
     selftest = load_selftest()
     with pytest.raises(SystemExit, match='takes AMP checks'):
         selftest.main(['--device', 'cpu', '--break', 'multi_rank_tests'])
+
+
+def test_upstream_ratios_are_read_from_the_benchmarks_own_report(
+        capsys, monkeypatch):
+    """The ratios come from the lines the two benchmarks print (their own
+    print functions, so a changed format fails here)."""
+    monkeypatch.syspath_prepend(osp.join(REPO_ROOT, 'benchmarks'))
+    import dfine_vs_upstream
+    import upstream_step_time
+    upstream_step_time.report('rtdetrv2_r18vd', 'training',
+                              dict(port=0.09, upstream=0.1), [0.9, 0.8])
+    upstream_step_time.report('rtdetrv2_r18vd', 'inference',
+                              dict(port=0.02, upstream=0.016), [1.2])
+    speed = dict(
+        port_cpu_s=0.6,
+        upstream_cpu_s=0.8,
+        cpu_ratio=0.75,
+        port_wall_s=0.7,
+        upstream_wall_s=0.9,
+        wall_ratio=0.778)
+    loss = dict(worst=1e-6, worst_key='loss_vfl', total=2e-6)
+    equivalence = dict(
+        eval_logits=1e-6,
+        eval_boxes=1e-6,
+        eval_unpaired_queries=0,
+        train_logits=1e-6,
+        train_boxes=1e-6,
+        train_corners=1e-6,
+        train_unpaired_queries=0,
+        train_dn_logits=1e-6,
+        train_dn_boxes=1e-6,
+        train_dn_corners=1e-6,
+        loss_keys_equal=True,
+        loss_end_to_end=loss,
+        loss_same_outputs=loss)
+    selftest = load_selftest()
+    step_time_text = capsys.readouterr().out
+    dfine_vs_upstream._print(
+        dict(
+            size='n',
+            equivalence=equivalence,
+            speed=dict(inference=speed, train=dict(speed, cpu_ratio=0.85))))
+    dfine_text = capsys.readouterr().out
+    assert selftest.read_ratios(step_time_text) == dict(
+        training=0.9, inference=1.25)
+    assert selftest.read_ratios(dfine_text) == dict(inference=0.75, train=0.85)
+
+
+def test_upstream_checks_skip_without_a_checkout_and_fail_on_a_bad_one(
+        tmp_path, monkeypatch, capsys):
+    """No variable: skipped with the reason, exit 0; a variable naming no
+    directory: failed, exit 1 (no benchmark starts in either case)."""
+    selftest = load_selftest()
+    for env in UPSTREAM_ENVS:
+        monkeypatch.delenv(env, raising=False)
+    argv = [
+        '--device', 'cpu', '--only', 'upstream_dfine', 'upstream_codetr',
+        '--work-dir',
+        str(tmp_path)
+    ]
+    assert selftest.main(argv) == 0
+    skipped = capsys.readouterr().out
+    assert table_status(skipped, 'upstream_dfine') == 'skipped'
+    assert 'skipped upstream_codetr: CODETR_UPSTREAM is not set' in skipped
+    monkeypatch.setenv('DFINE_UPSTREAM', str(tmp_path / 'no_checkout'))
+    assert selftest.main(argv) == 1
+    failed = capsys.readouterr().out
+    assert table_status(failed, 'upstream_dfine') == 'failed'
+    assert table_status(failed, 'upstream_codetr') == 'skipped'
+    with open(tmp_path / 'selftest.json') as f:
+        report = json.load(f)
+    assert report['failed'] == ['upstream_dfine']
+    assert 'is not a directory' in report['checks'][0]['reason']
