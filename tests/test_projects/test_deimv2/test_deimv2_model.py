@@ -1,13 +1,17 @@
 """The DEIMv2 model: every shipped config builds; the smallest model
 (Atto) and the smallest ViT model (DEIMv2-S) train on a batch with a
-GT-less image (the same loss keys as with GT, all finite, every parameter
-in the graph); DINOv3's ViT-S+ puts every parameter in the graph too."""
+GT-less image and on a batch without GT (the same loss keys as with GT,
+all finite, every parameter in the graph; the control with upstream's
+empty-batch denoising drops the dn embedding from the graph); DINOv3's
+ViT-S+ puts every parameter in the graph too."""
 
 import pytest
 import torch
 
-from ...test_models.dino_utils import build_model, loss_values, raw_batch
+from ...test_models.dino_utils import (build_model, loss_values, raw_batch,
+                                       swap_behaviour)
 from ..test_deim.test_deim_head import EXPECTED_KEYS as DEIM_KEYS
+from ..test_dfine.ddp_probe import _UpstreamEmptyDn
 from .deimv2_utils import all_configs, coco_config, import_project, model_cfg
 
 # The four-layer decoders (DEIMv2-S, M, L): DEIM's keys for three layers
@@ -20,15 +24,15 @@ FOUR_LAYER_KEYS = DEIM_KEYS | {
 
 
 def test_every_custom_config_builds():
-    """The 12 custom configs build a DEIMv2 for their 2 classes (on the
-    meta device: shapes only). Each inherits its COCO config, which
-    test_convert_deimv2_checkpoint builds and compares with upstream's
-    model key for key."""
+    """The 12 custom configs and the tiny synthetic one build a DEIMv2 for
+    their 2 classes (on the meta device: shapes only). Each inherits a
+    COCO config, which test_convert_deimv2_checkpoint builds and compares
+    with upstream's model key for key."""
     from mmdet.registry import MODELS
     configs = all_configs()
-    assert len(configs) == 24
-    custom = [c for c in configs if c.endswith('_custom.py')]
-    assert len(custom) == 12
+    assert len([c for c in configs if c.endswith('_coco.py')]) == 12
+    custom = [c for c in configs if not c.endswith('_coco.py')]
+    assert len(custom) == 13
     for config in custom:
         cfg = model_cfg(config)
         with torch.device('meta'):
@@ -46,19 +50,23 @@ def _train_step(model, gt_counts):
     return losses
 
 
-def _check_gt_less_batch(model, expected_keys):
-    """A batch whose second image has no box: upstream's full key set
-    (that of a batch with GT), every value finite, every trainable
-    parameter with a gradient."""
-    losses = _train_step(model, [3, 0])
-    assert set(losses) == expected_keys
-    values = loss_values(losses)
-    assert all(abs(v) < float('inf') for v in values.values()), values
-    missing = [
+def _without_grad(model):
+    return [
         name for name, p in model.named_parameters()
         if p.requires_grad and p.grad is None
     ]
-    assert missing == []
+
+
+def _check_gt_less_batch(model, expected_keys):
+    """A batch whose second image has no box, and a batch without any box
+    (a GT-less rank): upstream's full key set (that of a batch with GT),
+    every value finite, every trainable parameter with a gradient."""
+    for gt_counts in ([3, 0], [0, 0]):
+        losses = _train_step(model, gt_counts)
+        assert set(losses) == expected_keys, gt_counts
+        values = loss_values(losses)
+        assert all(abs(v) < float('inf') for v in values.values()), values
+        assert _without_grad(model) == [], gt_counts
     assert set(_train_step(model, [2, 1])) == expected_keys
 
 
@@ -74,6 +82,14 @@ def test_atto_trains_on_a_batch_with_a_gt_less_image():
     model = build_model(cfg)
     assert model.bbox_head.reg_branches[2] is model.bbox_head.reg_branches[0]
     _check_gt_less_batch(model, DEIM_KEYS)
+    # Control: upstream's denoising on a batch without GT (no dn queries):
+    # the dn class embedding leaves the graph, the parameter DDP's
+    # reducer would wait for on that rank.
+    swap_behaviour(model.dn_query_generator, _UpstreamEmptyDn)
+    _train_step(model, [0, 0])
+    assert _without_grad(model) == [
+        'dn_query_generator.label_embedding.weight'
+    ]
 
 
 def test_dinov3_s_trains_on_a_batch_with_a_gt_less_image():
@@ -95,20 +111,25 @@ def test_dinov3_vit_s_plus_puts_every_parameter_in_the_graph():
     strides 8 / 16 / 32, and a gradient for every parameter, the mask
     token's included (upstream adds it times 0)."""
     from mmdet.registry import MODELS
+
+    from mmddp_ext.testing import on_rank_device
     import_project()
-    backbone = MODELS.build(
-        dict(
-            type='DINOv3STAs',
-            name='dinov3_vits16plus',
-            interaction_indexes=[5, 8, 11],
-            conv_inplane=8,
-            hidden_dim=32))
-    outs = backbone(torch.rand(2, 3, 64, 96))
+    backbone = on_rank_device(
+        MODELS.build(
+            dict(
+                type='DINOv3STAs',
+                name='dinov3_vits16plus',
+                interaction_indexes=[5, 8, 11],
+                conv_inplane=8,
+                hidden_dim=32)))
+    device = backbone.dinov3.cls_token.device
+    outs = backbone(torch.rand(2, 3, 64, 96, device=device))
     assert [tuple(o.shape) for o in outs] == [(2, 32, 8, 12), (2, 32, 4, 6),
                                               (2, 32, 2, 3)]
     sum(o.sum() for o in outs).backward()
     assert [n for n, p in backbone.named_parameters() if p.grad is None] == []
-    assert backbone.dinov3.blocks[0].attn.qkv.bias_mask[384:768].sum() == 0
+    mask = backbone.dinov3.blocks[0].attn.qkv.bias_mask.cpu()
+    assert mask[384:768].sum() == 0 and mask[:384].eq(1).all()
 
 
 def test_sta_refuses_sizes_off_the_token_grid():
