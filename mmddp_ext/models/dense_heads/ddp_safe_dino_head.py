@@ -19,7 +19,7 @@ class DDPSafeDINOHead(DINOHead):
     """``DINOHead`` whose denoising loss stays in the graph and gives the
     dummy dn group of ``DDPSafeCdnQueryGenerator`` exactly zero weight.
 
-    Two upstream methods are extended, both through ``super()``:
+    Three upstream methods are extended, all through ``super()``:
 
     - ``_get_dn_targets_single``: when ``dn_meta['dummy_dn_group']`` is
       True, the label weights are zero as well (upstream trains every
@@ -32,6 +32,8 @@ class DDPSafeDINOHead(DINOHead):
       detached ``torch.zeros(1)`` as the classification loss; here it is
       ``dn_cls_scores.sum()`` (0, connected to the graph), so the loss
       reaches the decoder on every rank.
+    - ``_get_targets_single``: the assigner matches float32 predictions
+      (:meth:`_matching_inputs`), also under autocast.
 
     Every all-reduce of the upstream loss (``reduce_mean`` of the average
     factors in ``loss_by_feat_single`` and ``_loss_dn_single``) depends
@@ -42,6 +44,46 @@ class DDPSafeDINOHead(DINOHead):
 
     Accepts the same config keys as ``DINOHead``.
     """
+
+    def _matching_inputs(self, cls_score: Tensor,
+                         bbox_pred: Tensor) -> Tuple[Tensor, Tensor]:
+        """The class logits and boxes the assigner matches, in float32.
+
+        Under autocast (an AMP recipe) the head's layers give float16, and
+        the match costs need full precision: ``FocalLossCost`` adds its
+        ``eps`` (1e-12, 1e-8) to a sigmoid that float16 rounds to 0 or 1
+        beyond logits of about -17 or +8.3, and the eps itself rounds to 0,
+        so the log is -inf and scipy's ``linear_sum_assignment`` raises
+        "matrix contains invalid numeric entries"; boxes scaled to pixels
+        have areas beyond float16's 65504 from 256 x 256 px on (inf and
+        NaN IoU costs); and a cost difference below float16's resolution
+        (1e-3 relative) decides the match. Heads that match in their own
+        way (RT-DETR's batched matching, D-FINE's) call this too.
+
+        Args:
+            cls_score (Tensor): Class logits, any shape.
+            bbox_pred (Tensor): Normalized (cx, cy, w, h) boxes.
+
+        Returns:
+            tuple[Tensor]: Both in float32 (unchanged when already full
+            precision).
+        """
+        return _full_precision(cls_score), _full_precision(bbox_pred)
+
+    def _get_targets_single(self, cls_score: Tensor, bbox_pred: Tensor,
+                            gt_instances: InstanceData,
+                            img_meta: dict) -> tuple:
+        """``DETRHead._get_targets_single`` on float32 predictions (see
+        :meth:`_matching_inputs`); it only matches and builds targets, so
+        nothing differs outside autocast.
+
+        Returns:
+            tuple: ``labels, label_weights, bbox_targets, bbox_weights,
+            pos_inds, neg_inds`` as in ``DETRHead._get_targets_single``.
+        """
+        cls_score, bbox_pred = self._matching_inputs(cls_score, bbox_pred)
+        return super()._get_targets_single(cls_score, bbox_pred, gt_instances,
+                                           img_meta)
 
     def _get_dn_targets_single(self, gt_instances: InstanceData,
                                img_meta: dict, dn_meta: DnMeta) -> tuple:
@@ -89,3 +131,11 @@ class DDPSafeDINOHead(DINOHead):
         if dn_cls_scores.numel() == 0:
             loss_cls = dn_cls_scores.sum()
         return loss_cls, loss_bbox, loss_iou
+
+
+def _full_precision(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32 when it is in a reduced precision (float16,
+    bfloat16: autocast's dtypes), else unchanged."""
+    if tensor.dtype in (torch.float16, torch.bfloat16):
+        return tensor.float()
+    return tensor

@@ -195,8 +195,18 @@ class CoDETR(BaseDetector):
             for sample in rpn_samples:
                 sample.gt_instances.labels = torch.zeros_like(
                     sample.gt_instances.labels)
-            rpn_losses, proposals = self.rpn_head.loss_and_predict(
-                x, rpn_samples, proposal_cfg=proposal_cfg)
+            # The RPN runs in float32 under autocast (an AMP recipe):
+            # mmcv's NMS takes float32 scores only on the CPU ("expected
+            # scalar type Float but found Half"), and the proposals become
+            # the RoI head's boxes and the query head's positive queries.
+            # MMDetection 2.x (upstream CO-DETR) decoded them in float32 too
+            # (force_fp32); here its three convolutions per level are
+            # float32 as well.
+            with torch.autocast(x[0].device.type, enabled=False):
+                rpn_losses, proposals = self.rpn_head.loss_and_predict(
+                    tuple(feat.float() for feat in x),
+                    rpn_samples,
+                    proposal_cfg=proposal_cfg)
             losses.update({
                 (f'rpn_{key}' if 'loss' in key and 'rpn' not in key else key):
                 value

@@ -323,14 +323,16 @@ class DFINEHead(DDPSafeDINOHead):
         Non-finite predictions are made finite for the matching only (the
         solver refuses NaN costs; upstream sets NaN costs to 1), so that
         the loss, computed from the raw predictions, is the one that shows
-        them."""
+        them. The costs are computed in float32 also under autocast
+        (``_matching_inputs``)."""
         pairs = []
         for score, box, gt, meta in zip(scores, boxes, gts, metas):
+            score, box = self._matching_inputs(score.detach(), box.detach())
             height, width = meta['img_shape']
             factor = box.new_tensor([width, height, width, height])
             prediction = InstanceData(
-                scores=_finite(score.detach()),
-                bboxes=cxcywh_to_xyxy(_finite(box.detach())) * factor)
+                scores=_finite(score),
+                bboxes=cxcywh_to_xyxy(_finite(box)) * factor)
             assigned = self.assigner.assign(
                 pred_instances=prediction, gt_instances=gt,
                 img_meta=meta).gt_inds

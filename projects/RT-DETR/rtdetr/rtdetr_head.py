@@ -324,7 +324,15 @@ class RTDETRHead(DDPSafeDINOHead):
                batch_img_metas: List[dict]) -> List[Match]:
         """Hungarian matches of every set: one batched call when the
         assigner has ``assign_batch`` (:class:`BatchedHungarianAssigner`),
-        else ``assign`` per image and set, as ``DETRHead.get_targets``."""
+        else ``assign`` per image and set, as ``DETRHead.get_targets``;
+        on float32 predictions also under autocast
+        (``_matching_inputs``)."""
+        inputs = [
+            self._matching_inputs(scores.detach(), boxes.detach())
+            for scores, boxes in zip(cls_sets, box_sets)
+        ]
+        cls_sets = [scores for scores, _ in inputs]
+        box_sets = [boxes for _, boxes in inputs]
         if hasattr(self.assigner, 'assign_batch'):
             return self.assigner.assign_batch(cls_sets, box_sets, gt.labels,
                                               gt.corners, gt.counts)
