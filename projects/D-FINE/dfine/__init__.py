@@ -6,6 +6,7 @@ Importing this package registers its components in ``mmdet.registry``
 from .decoupled_distillation_focal_loss import DecoupledDistillationFocalLoss
 from .dfine import DFINE
 from .dfine_cdn_query_generator import DFINECdnQueryGenerator
+from .dfine_decoder_layers import MLP
 from .dfine_head import DFINEHead
 from .dfine_hybrid_encoder import DFINEHybridEncoder
 from .dfine_upstream_param_names import dfine_upstream_param_names
@@ -17,5 +18,5 @@ from .model_ema_hook import ModelEMAHook
 __all__ = [
     'DecoupledDistillationFocalLoss', 'DFINE', 'DFINECdnQueryGenerator',
     'DFINEHead', 'DFINEHybridEncoder', 'dfine_upstream_param_names',
-    'FineGrainedLocalizationLoss', 'HGNetv2', 'ModelEMA', 'ModelEMAHook'
+    'FineGrainedLocalizationLoss', 'HGNetv2', 'ModelEMA', 'ModelEMAHook', 'MLP'
 ]

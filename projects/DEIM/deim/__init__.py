@@ -8,7 +8,7 @@ on).
 from .collate_batch_augment import CollateBatchAugment
 from .deim_head import DEIMHead
 from .deim_mosaic import DEIMMosaic
-from .deim_rtdetr import DEIMRTDETR, DEIMRTDETRDecoderLayer
+from .deim_rtdetr import DEIMRTDETR
 from .epoch_policy_dataset import EpochPolicyDataset
 from .flat_cosine_lr import FlatCosineLR, FlatCosineParamScheduler
 from .matchability_aware_loss import MatchabilityAwareLoss
@@ -17,7 +17,6 @@ from .set_epoch_hook import SetEpochHook
 
 __all__ = [
     'CollateBatchAugment', 'DEIMHead', 'DEIMMosaic', 'DEIMRTDETR',
-    'DEIMRTDETRDecoderLayer', 'EpochPolicyDataset', 'FlatCosineLR',
-    'FlatCosineParamScheduler', 'MatchabilityAwareLoss', 'RandomIoUCrop',
-    'SetEpochHook'
+    'EpochPolicyDataset', 'FlatCosineLR', 'FlatCosineParamScheduler',
+    'MatchabilityAwareLoss', 'RandomIoUCrop', 'SetEpochHook'
 ]

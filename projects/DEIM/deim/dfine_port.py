@@ -2,16 +2,25 @@
 projects/RT-DETR) that DEIM reuses.
 
 DEIM trains D-FINE and RT-DETRv2 models with a new matching loss and
-recipe. The project directories have hyphens, so they are imported by
-name; importing them registers their components.
+recipe. Every name comes from a package's face (its ``__all__``), never
+from one of its modules. The packages are imported under the names the
+configs' ``custom_imports`` give them, so that their components register
+once; the project directories have hyphens, so those names are imported
+with ``import_module``, here and nowhere else in DEIM.
 """
-import importlib
+from importlib import import_module
 
-_dfine = importlib.import_module('projects.D-FINE.dfine')
-_rtdetr = importlib.import_module('projects.RT-DETR.rtdetr')
-
+_rtdetr = import_module('projects.RT-DETR.rtdetr')
 BatchChoiceResize = _rtdetr.BatchChoiceResize
+RTDETR = _rtdetr.RTDETR
 RTDETRVarifocalLoss = _rtdetr.RTDETRVarifocalLoss
-DFINEHead = _dfine.DFINEHead
+build_activation = _rtdetr.build_activation
 
-__all__ = ['BatchChoiceResize', 'DFINEHead', 'RTDETRVarifocalLoss']
+_dfine = import_module('projects.D-FINE.dfine')
+DFINEHead = _dfine.DFINEHead
+MLP = _dfine.MLP
+
+__all__ = [
+    'BatchChoiceResize', 'DFINEHead', 'MLP', 'RTDETR', 'RTDETRVarifocalLoss',
+    'build_activation'
+]

@@ -66,19 +66,21 @@ class HybridEncoder(BaseModule):
         bad = [i for i in use_encoder_idx if not 0 <= i < num_levels]
         if bad:
             raise ValueError(
-                f'HybridEncoder use_encoder_idx must index the {num_levels} '
-                f'levels of in_channels, but got {list(use_encoder_idx)}.')
+                f'{type(self).__name__} use_encoder_idx must index the '
+                f'{num_levels} levels of in_channels, but got '
+                f'{list(use_encoder_idx)}.')
         self.in_channels = list(in_channels)
         self.hidden_dim = hidden_dim
         self.use_encoder_idx = list(use_encoder_idx)
         self.num_encoder_layers = num_encoder_layers
         self.pe_temperature = pe_temperature
+        self.expansion = expansion
+        self.depth_mult = depth_mult
+        self.act = act
         # position embeddings per (width, height, device, dtype)
         self.pos_embed_cache = StaticTensorCache()
         self.input_proj = nn.ModuleList(
-            nn.Sequential(
-                nn.Conv2d(channels, hidden_dim, 1, bias=False),
-                nn.BatchNorm2d(hidden_dim)) for channels in in_channels)
+            self._build_input_proj(channels) for channels in in_channels)
         self.encoder = nn.ModuleList(
             AIFIEncoder(
                 num_encoder_layers,
@@ -87,26 +89,47 @@ class HybridEncoder(BaseModule):
                 feedforward_channels=feedforward_channels,
                 dropout=dropout,
                 act=enc_act) for _ in self.use_encoder_idx)
-        num_blocks = round(3 * depth_mult)
+        # built in this order (parameter init draws follow it)
+        steps = range(num_levels - 1)
+        self.lateral_convs = nn.ModuleList(self._build_lateral_conv()
+                                           for _ in steps)
+        self.fpn_blocks = nn.ModuleList(self._build_fusion_block()
+                                        for _ in steps)
+        self.downsample_convs = nn.ModuleList(self._build_downsample_conv()
+                                              for _ in steps)
+        self.pan_blocks = nn.ModuleList(self._build_fusion_block()
+                                        for _ in steps)
 
-        def fusion_block():
-            return CSPRepLayer(
-                hidden_dim * 2,
-                hidden_dim,
-                num_blocks,
-                expansion=expansion,
-                act=act)
+    # Builders of the per-level modules: the seams a model on this encoder
+    # (D-FINE's DFINEHybridEncoder) overrides. They read the constructor's
+    # keys from ``self``; the module each returns keeps its upstream name.
 
-        self.lateral_convs = nn.ModuleList(
-            ConvNormLayer(hidden_dim, hidden_dim, 1, act=act)
-            for _ in range(num_levels - 1))
-        self.fpn_blocks = nn.ModuleList(fusion_block()
-                                        for _ in range(num_levels - 1))
-        self.downsample_convs = nn.ModuleList(
-            ConvNormLayer(hidden_dim, hidden_dim, 3, 2, act=act)
-            for _ in range(num_levels - 1))
-        self.pan_blocks = nn.ModuleList(fusion_block()
-                                        for _ in range(num_levels - 1))
+    def _build_input_proj(self, in_channels: int) -> nn.Module:
+        """1x1 conv + BN from one backbone level to ``hidden_dim``
+        (upstream keys ``input_proj.i.0`` / ``.1``)."""
+        return nn.Sequential(
+            nn.Conv2d(in_channels, self.hidden_dim, 1, bias=False),
+            nn.BatchNorm2d(self.hidden_dim))
+
+    def _build_lateral_conv(self) -> nn.Module:
+        """1x1 conv-BN-``act`` of the top-down path."""
+        return ConvNormLayer(self.hidden_dim, self.hidden_dim, 1, act=self.act)
+
+    def _build_fusion_block(self) -> nn.Module:
+        """Fusion of two concatenated levels (an FPN and a PAN block):
+        :class:`CSPRepLayer` with ``round(3 * depth_mult)`` RepVGG
+        blocks."""
+        return CSPRepLayer(
+            self.hidden_dim * 2,
+            self.hidden_dim,
+            round(3 * self.depth_mult),
+            expansion=self.expansion,
+            act=self.act)
+
+    def _build_downsample_conv(self) -> nn.Module:
+        """Stride-2 3x3 conv-BN-``act`` of the bottom-up path."""
+        return ConvNormLayer(
+            self.hidden_dim, self.hidden_dim, 3, 2, act=self.act)
 
     def forward(self, feats: Sequence[Tensor]) -> Tuple[Tensor]:
         """Fuse the backbone levels.

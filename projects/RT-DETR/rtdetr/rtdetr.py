@@ -58,7 +58,8 @@ class RTDETR(DDPSafeDINO):
             evaluated, default -1; upstream's -M models use 2) and
             ``layer_cfg`` (dict of :class:`RTDETRDecoderLayer`:
             ``embed_dims``, ``num_heads``, ``feedforward_channels``,
-            ``dropout``, ``num_levels``, ``num_points``). Required.
+            ``dropout``, ``num_levels``, ``num_points``, ``activation``).
+            Required.
         num_feature_levels (int): Levels coming from the neck. Must equal
             ``decoder.layer_cfg.num_levels``. Defaults to 3.
         feat_channels (Sequence[int], optional): Channels of each neck

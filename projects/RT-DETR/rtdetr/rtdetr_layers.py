@@ -5,7 +5,6 @@ Plain ``nn.Module`` classes, not registered: the registered components
 lyuwenyu/RT-DETR so that converted checkpoints load key for key.
 """
 import torch
-import torch.nn.functional as F
 from mmcv.ops import MultiScaleDeformableAttention
 from mmcv.ops.multi_scale_deform_attn import (
     MultiScaleDeformableAttnFunction, multi_scale_deformable_attn_pytorch)
@@ -17,17 +16,20 @@ from .conv_norm_folding import conv_norm, two_branch_conv_norm
 ACTIVATIONS = {'relu': nn.ReLU, 'silu': nn.SiLU, 'gelu': nn.GELU}
 
 
-def build_activation(name, inplace: bool = False) -> nn.Module:
+def build_activation(
+        name,
+        inplace: bool = False,
+        key: str = 'the act/enc_act key of the neck') -> nn.Module:
     """``nn.Identity`` for None, else the activation called ``name``;
     ``inplace`` for those that can (ReLU, SiLU), where the caller's input
-    is a fresh tensor no one else reads (upstream builds them in place)."""
+    is a fresh tensor no one else reads (upstream builds them in place).
+    ``key`` names the config key that gave ``name``, for the error."""
     if name is None:
         return nn.Identity()
     if name not in ACTIVATIONS:
         raise ValueError(
             f'RT-DETR activation must be one of {sorted(ACTIVATIONS)} or '
-            f'None, but got {name!r}. Fix the act/enc_act key of the neck '
-            'config.')
+            f'None, but got {name!r}. Fix {key} in the model config.')
     module = ACTIVATIONS[name]()
     if inplace and hasattr(module, 'inplace'):
         module.inplace = True
@@ -243,10 +245,26 @@ class DeformableCrossAttention(MultiScaleDeformableAttention):
 class RTDETRDecoderLayer(nn.Module):
     """RT-DETR decoder layer: post-norm self-attention over all queries
     (dn mask applied), multi-scale deformable cross-attention on box
-    reference points, and a ReLU FFN. Names follow upstream's
+    reference points, and an FFN. Names follow upstream's
     ``TransformerDecoderLayer``; ``cross_attn`` is mmcv's
     ``MultiScaleDeformableAttention`` (:class:`DeformableCrossAttention`),
-    whose parameters are upstream's."""
+    whose parameters are upstream's.
+
+    Args:
+        embed_dims (int): Query width. Defaults to 256.
+        num_heads (int): Attention heads of both attentions. Defaults to 8.
+        feedforward_channels (int): Hidden width of the FFN. Defaults to
+            1024.
+        dropout (float): Dropout of attentions and FFN. Defaults to 0.0.
+        num_levels (int): Feature levels the cross-attention samples.
+            Defaults to 3.
+        num_points (int): Sampling points per head and level. Defaults
+            to 4.
+        activation (str): Activation of the FFN: 'relu' (RT-DETR v1/v2),
+            'silu' (DEIM's RT-DETRv2) or 'gelu'. It has no parameters, so
+            the state dict is the same for every choice. Defaults to
+            'relu'.
+    """
 
     def __init__(self,
                  embed_dims: int = 256,
@@ -254,7 +272,8 @@ class RTDETRDecoderLayer(nn.Module):
                  feedforward_channels: int = 1024,
                  dropout: float = 0.0,
                  num_levels: int = 3,
-                 num_points: int = 4) -> None:
+                 num_points: int = 4,
+                 activation: str = 'relu') -> None:
         super().__init__()
         self.self_attn = nn.MultiheadAttention(
             embed_dims, num_heads, dropout=dropout, batch_first=True)
@@ -269,6 +288,8 @@ class RTDETRDecoderLayer(nn.Module):
             batch_first=True)
         self.norm2 = nn.LayerNorm(embed_dims)
         self.linear1 = nn.Linear(embed_dims, feedforward_channels)
+        self.activation = build_activation(
+            activation, key='decoder.layer_cfg.activation')
         self.dropout3 = nn.Dropout(dropout)
         self.linear2 = nn.Linear(feedforward_channels, embed_dims)
         self.dropout4 = nn.Dropout(dropout)
@@ -298,7 +319,7 @@ class RTDETRDecoderLayer(nn.Module):
                     -1, -1, num_levels, -1),
                 spatial_shapes=spatial_shapes,
                 level_start_index=level_start_index))
-        ffn = self.linear2(self.dropout3(F.relu(self.linear1(query))))
+        ffn = self.linear2(self.dropout3(self.activation(self.linear1(query))))
         return self.norm3(query + self.dropout4(ffn))
 
 
