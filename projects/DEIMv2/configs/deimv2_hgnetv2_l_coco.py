@@ -3,7 +3,7 @@
 #   bash tools/dist_train.sh \
 #       projects/DEIMv2/configs/deimv2_hgnetv2_l_coco.py 8
 # Upstream's values: 58 epochs; policy epochs [4, 29, 50], MixUp (probability
-# 0.5) in [4, 29], multi-scale (base_size_repeat 3) until epoch 50; flat-
+# 0.5) in [4, 29], multi-scale (base_size_repeat 4) until epoch 50; flat-
 # cosine lr: warm-up 2000 iterations, flat until epoch 29, last 8 epochs at
 # lr_gamma 0.5; AdamW lr 0.0005, weight decay 0.000125; 4 images per GPU on 8
 # GPUs. Not yet here: Copy-Blend (prob 0.5, epochs [4, 50]), ema_restart_decay
@@ -23,7 +23,7 @@ model = dict(
             type='CollateBatchAugment',
             mixup_prob=0.5,
             mixup_epochs=[4, 29],
-            scales=[480, 512, 544, 576, 608] + [640] * 3 +
+            scales=[480, 512, 544, 576, 608] + [640] * 4 +
             [800, 768, 736, 704, 672],
             stop_epoch=50)
     ]),

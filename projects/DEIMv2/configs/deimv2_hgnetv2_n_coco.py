@@ -5,7 +5,7 @@
 # Upstream's values: 160 epochs; policy epochs [4, 78, 148], MixUp
 # (probability 0.5) in [4, 78], multi-scale off until epoch 148; flat-cosine
 # lr: warm-up 2000 iterations, flat until epoch 7800, last 12 epochs at
-# lr_gamma 1.0; AdamW lr 0.0008, weight decay 0.0001; 16 images per GPU on 8
+# lr_gamma 1.0; AdamW lr 0.0008, weight decay 0.0001; 4 images per GPU on 8
 # GPUs. Not yet here: Copy-Blend (prob 0.4, epochs [4, 78]), ema_restart_decay
 # 0.9999, the matcher change at epoch 136.
 _base_ = ['./_base_/deimv2_coco.py']
@@ -49,9 +49,9 @@ model = dict(
     bbox_head=dict(embed_dims=embed_dims),
     test_cfg=dict(max_per_img=300))
 train_dataloader = dict(
-    batch_size=16,
+    batch_size=4,
     dataset=dict(policy=dict(epoch=[4, 78, 148]), mosaic_prob=0.5))
-val_dataloader = dict(batch_size=32)
+val_dataloader = dict(batch_size=8)
 test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(lr=0.0008, weight_decay=0.0001),
@@ -80,4 +80,4 @@ param_scheduler = [
         by_epoch=True,
         convert_to_iter_based=True)
 ]
-auto_scale_lr = dict(base_batch_size=128)
+auto_scale_lr = dict(base_batch_size=32)

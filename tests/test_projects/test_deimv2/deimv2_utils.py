@@ -1,4 +1,5 @@
 """Paths and builders shared by the DEIMv2 tests."""
+import functools
 import glob
 import importlib
 import os.path as osp
@@ -38,3 +39,22 @@ def model_cfg(config: str, **overrides):
     cfg = Config.fromfile(config)
     cfg.merge_from_dict({f'model.{k}': v for k, v in overrides.items()})
     return cfg.model
+
+
+@functools.lru_cache(maxsize=None)
+def coco_meta_model(size: str):
+    """``(cfg, model)`` of the size's COCO config, the model built on the
+    meta device (shapes only), once per process: the converter and recipe
+    tests only read them."""
+    import copy
+
+    import torch
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+    register_all_modules()
+    import_project()
+    cfg = Config.fromfile(coco_config(size))
+    with torch.device('meta'):
+        model = MODELS.build(copy.deepcopy(cfg.model))
+    return cfg, model

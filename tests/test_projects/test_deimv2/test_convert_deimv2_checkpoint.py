@@ -5,7 +5,6 @@ DINOv3 sizes start from, and B0's ImageNet file for the light sizes.
 
 Models are built on the meta device (shapes only, no arithmetic): the
 port's key set and shapes are what these tests compare."""
-import functools
 import importlib.util
 import json
 import os.path as osp
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 from .deimv2_utils import (DATA, DINOV3_SIZES, REPO_ROOT, SIZES,
-                           coco_config, import_project)
+                           coco_config, coco_meta_model, import_project)
 
 CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_deimv2_checkpoint.py')
 DFINE_DATA = osp.join(REPO_ROOT, 'tests', 'test_projects', 'test_dfine',
@@ -39,12 +38,10 @@ def manifest(name: str, folder: str = DATA) -> dict:
         return json.load(f)
 
 
-@functools.lru_cache(maxsize=None)
 def meta_model(converter, size: str):
-    """The size's COCO model on the meta device, built once per module
-    (the tests only read it)."""
-    with torch.device('meta'):
-        return converter.reference_model(coco_config(size))
+    """The size's COCO model on the meta device (built once per process;
+    the tests only read it)."""
+    return coco_meta_model(size)[1]
 
 
 def synthetic_checkpoint(size: str, num_points, seed=None) -> dict:

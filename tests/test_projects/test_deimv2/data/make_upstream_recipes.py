@@ -1,0 +1,141 @@
+r"""Write ``upstream_recipes.json``: the optimizer parameter groups and the
+recipe keys of every DEIMv2 COCO config, as upstream's own code reads them.
+
+    git clone https://github.com/Intellindust-AI-Lab/DEIMv2 /tmp/DEIMv2
+    git -C /tmp/DEIMv2 checkout 0fff8d4dcdc272e6cf2d84be31399db471357941
+    python tests/test_projects/test_deimv2/data/make_upstream_recipes.py \
+        /tmp/DEIMv2
+
+Each config is read in a fresh process (upstream's ``load_config`` keeps
+the merged includes in a default argument). For each the file records:
+
+- ``yaml``: the recipe values of the merged YAML (``load_config`` with its
+  ``__include__`` files): ``epoches``, ``warmup_iter``, ``flat_epoch``,
+  ``no_aug_epoch``, ``lr_gamma``, ``lrsheduler``, ``ema``, ``use_ema``,
+  ``use_amp``, ``clip_max_norm``, ``sync_bn``, the optimizer, the train
+  transforms' ``policy`` and ``mosaic_prob``, the collate function's keys,
+  ``total_batch_size``, ``eval_spatial_size``;
+- ``param_groups``: the lr, weight decay and betas of each group of the
+  optimizer upstream builds (its ``YAMLConfig.get_optim_params`` on its own
+  model, ``create``-d from the YAML with ``HGNetv2.pretrained: False`` and
+  ``DINOv3STAs.weights_path: None``, then ``torch.optim.AdamW`` with the
+  YAML's ``lr``, ``betas`` and ``weight_decay``, as upstream's ``create``
+  does), with the names of its trainable parameters.
+
+The learning-rate trace and the data / collate records of
+``test_deim/data/make_upstream_recipes.py`` are not recorded yet (they need
+torchvision, which is not installed beside this repository's torch).
+"""
+import argparse
+import importlib
+import json
+import os.path as osp
+import subprocess
+import sys
+import types
+
+HERE = osp.dirname(osp.abspath(__file__))
+OUTPUT = osp.join(HERE, 'upstream_recipes.json')
+SIZES = ('hgnetv2_atto', 'hgnetv2_femto', 'hgnetv2_pico', 'hgnetv2_n',
+         'hgnetv2_s', 'hgnetv2_m', 'hgnetv2_l', 'hgnetv2_x', 'dinov3_s',
+         'dinov3_m', 'dinov3_l', 'dinov3_x')
+OVERRIDES = {'HGNetv2': {'pretrained': False}, 'DINOv3STAs': {'weights_path': None}}
+YAML_KEYS = ('epoches', 'warmup_iter', 'flat_epoch', 'no_aug_epoch',
+             'lr_gamma', 'lrsheduler', 'ema', 'use_ema', 'use_amp',
+             'clip_max_norm', 'sync_bn', 'find_unused_parameters',
+             'optimizer', 'eval_spatial_size')
+
+
+def _yaml_config(root: str):
+    """Upstream's ``engine.core.yaml_config`` (for ``get_optim_params``),
+    imported without its package's training stack."""
+    sys.path.insert(0, osp.dirname(HERE))
+    import upstream_deimv2
+    upstream = upstream_deimv2.load_upstream(root)
+    if importlib.util.find_spec('torch.utils.tensorboard') is None or \
+            importlib.util.find_spec('tensorboard') is None:
+        sys.modules['torch.utils.tensorboard'] = types.SimpleNamespace(
+            SummaryWriter=object)
+    sys.path.insert(0, root)
+    try:
+        module = importlib.import_module('engine.core.yaml_config')
+    finally:
+        sys.path.remove(root)
+    return upstream, upstream_deimv2, module
+
+
+def one_config(root: str, size: str) -> dict:
+    import torch
+    upstream, helper, yaml_config = _yaml_config(root)
+    yml = osp.join(root, 'configs', 'deimv2', f'deimv2_{size}_coco.yml')
+    built = helper.build_from_yaml(upstream, yml, overrides=OVERRIDES)
+    cfg, model = built['cfg'], built['model']
+    groups = yaml_config.YAMLConfig.get_optim_params(cfg['optimizer'], model)
+    options = {
+        k: v
+        for k, v in cfg['optimizer'].items() if k not in ('type', 'params')
+    }
+    assert cfg['optimizer']['type'] == 'AdamW', cfg['optimizer']['type']
+    optimizer = torch.optim.AdamW(
+        [dict(g, params=list(g['params'])) for g in groups], **options)
+    names = {id(p): n for n, p in model.named_parameters()}
+    train = cfg.get('train_dataloader', {})
+    transforms = train.get('dataset', {}).get('transforms', {})
+    return dict(
+        file=f'configs/deimv2/deimv2_{size}_coco.yml',
+        yaml=dict(
+            {k: cfg.get(k)
+             for k in YAML_KEYS},
+            policy=transforms.get('policy'),
+            mosaic_prob=transforms.get('mosaic_prob'),
+            collate_fn=train.get('collate_fn'),
+            total_batch_size=train.get('total_batch_size')),
+        param_groups=[
+            dict(
+                lr=g['lr'],
+                weight_decay=g['weight_decay'],
+                betas=list(g['betas']),
+                params=[names[id(p)] for p in g['params']])
+            for g in optimizer.param_groups
+        ])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('checkout', help='an Intellindust-AI-Lab/DEIMv2 '
+                        'checkout')
+    parser.add_argument('--one', choices=SIZES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    root = osp.abspath(args.checkout)
+    if args.one:
+        print(json.dumps(one_config(root, args.one)))
+        return 0
+    commit = subprocess.run(['git', '-C', root, 'rev-parse', 'HEAD'],
+                            capture_output=True,
+                            text=True).stdout.strip() or None
+    configs = {}
+    for size in SIZES:
+        out = subprocess.run(
+            [sys.executable, __file__, root, '--one', size],
+            check=True,
+            capture_output=True,
+            text=True).stdout
+        configs[size] = json.loads(out.strip().splitlines()[-1])
+        print(f'{size}: {len(configs[size]["param_groups"])} groups')
+    data = dict(
+        source=dict(
+            repository='https://github.com/Intellindust-AI-Lab/DEIMv2',
+            commit=commit or '0fff8d4dcdc272e6cf2d84be31399db471357941',
+            script='tests/test_projects/test_deimv2/data/'
+            'make_upstream_recipes.py'),
+        configs=configs)
+    with open(OUTPUT, 'w') as f:
+        json.dump(data, f, indent=1)
+        f.write('\n')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The 12 DEIMv2 COCO configs against what upstream's own code makes of
+their YAML (``data/upstream_recipes.json``, written by
+``data/make_upstream_recipes.py``; repository and commit in its
+``source``): every trainable parameter's lr, weight decay and betas, and
+the schedule, EMA, policy, MixUp, multi-scale and batch-size values.
+
+Parameters are compared by the port's names: upstream's names go through
+``tools/convert_dfine_checkpoint.py``'s table (the one DEIMv2 checkpoints
+load through); the configs' optimizer constructor uses its inverse
+(``dfine_upstream_param_names``), so a mistake in either shows."""
+import functools
+import json
+import os.path as osp
+
+import pytest
+
+from ..test_deim.recipe_checks import (_by_port_name, build_optimizer,
+                                       differences, hook)
+from .deimv2_utils import DATA, SIZES, coco_meta_model
+
+GPUS = 8  # upstream's total_batch_size is over 8 GPUs
+
+
+@functools.lru_cache(maxsize=1)
+def records() -> dict:
+    with open(osp.join(DATA, 'upstream_recipes.json')) as f:
+        return json.load(f)['configs']
+
+
+def upstream_scales(base_size: int, repeat):
+    """Upstream's ``generate_scales``: 0.75x to 1.25x of ``base_size`` in
+    steps of 32, ``base_size`` repeated ``repeat`` times; None without
+    ``repeat`` (one size)."""
+    if repeat is None:
+        return None
+    low = int(base_size * 0.75 / 32) * 32
+    steps = (base_size - low) // 32
+    high = int(base_size * 1.25 / 32) * 32
+    return ([low + 32 * i for i in range(steps)] + [base_size] * repeat +
+            [high - 32 * i for i in range(steps)])
+
+
+def port_param_values(cfg, model) -> dict:
+    optimizer = build_optimizer(cfg, model)
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    return {
+        name_of[id(param)]:
+        (group['lr'], group['weight_decay'], tuple(group['betas']))
+        for group in optimizer.param_groups
+        for param in group['params'] if param.requires_grad
+    }
+
+
+def upstream_param_values(record: dict) -> dict:
+    return _by_port_name(
+        record, 'dfine', {
+            name: (group['lr'], group['weight_decay'], tuple(group['betas']))
+            for group in record['param_groups']
+            for name in group['params']
+        })
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_parameter_groups_equal_upstream(size):
+    cfg, model = coco_meta_model(size)
+    record = records()[size]
+    ours, theirs = port_param_values(cfg, model), upstream_param_values(
+        record)
+    assert differences(ours, theirs) == {}
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_schedule_policy_and_batch_equal_upstream(size):
+    cfg, _ = coco_meta_model(size)
+    yaml = records()[size]['yaml']
+    collate = yaml['collate_fn']
+    assert cfg.train_cfg.max_epochs == yaml['epoches']
+    (scheduler, ) = cfg.param_scheduler
+    assert scheduler['type'] == 'FlatCosineLR'
+    assert (scheduler['warmup_iter'], scheduler['flat_epoch'],
+            scheduler['no_aug_epoch'], scheduler['lr_gamma']) == (
+                yaml['warmup_iter'], yaml['flat_epoch'], yaml['no_aug_epoch'],
+                yaml['lr_gamma'])
+    ema = hook(cfg, 'ModelEMAHook')
+    assert yaml['use_ema'] and (ema['decay'], ema['warmups']) == (
+        yaml['ema']['decay'], yaml['ema']['warmups'])
+    assert cfg.optim_wrapper.clip_grad.max_norm == yaml['clip_max_norm']
+    dataset = cfg.train_dataloader.dataset
+    assert list(dataset.policy.epoch) == yaml['policy']['epoch']
+    assert dataset.mosaic_prob == yaml['mosaic_prob']
+    (augment, ) = cfg.model.data_preprocessor.batch_augments
+    assert augment['mixup_prob'] == collate['mixup_prob']
+    assert list(augment['mixup_epochs']) == collate['mixup_epochs']
+    assert augment['stop_epoch'] == collate['stop_epoch']
+    assert augment['scales'] == upstream_scales(collate['base_size'],
+                                                collate['base_size_repeat'])
+    assert cfg.train_dataloader.batch_size * GPUS == yaml['total_batch_size']
+
+
+def test_a_changed_group_lr_shows():
+    """Control: the comparison sees one group's lr changed (DEIMv2-S's
+    ViT lr halved)."""
+    cfg, model = coco_meta_model('dinov3_s')
+    changed = cfg.copy()
+    changed.optim_wrapper = cfg.optim_wrapper.copy()
+    changed.optim_wrapper.paramwise_cfg = dict(
+        cfg.optim_wrapper.paramwise_cfg,
+        params=[dict(cfg.optim_wrapper.paramwise_cfg.params[0], lr=1.25e-5)] +
+        list(cfg.optim_wrapper.paramwise_cfg.params[1:]))
+    found = differences(
+        port_param_values(changed, model),
+        upstream_param_values(records()['dinov3_s']))
+    assert found and all('dinov3' in name for name in found)
