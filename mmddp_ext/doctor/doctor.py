@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Optional
 
 import torch.nn as nn
 
-from ..utils.rank_launcher import MultiRankError, run_on_ranks
+from ..utils.rank_launcher import (RANK_DEVICE_ENV, MultiRankError,
+                                   run_on_ranks)
 from .dynamic_checks import (FixContext, context, dynamic_checks, error_types,
                              gradient_check)
 from .launch_setup import (collective_timeout_s, import_custom_modules,
@@ -122,7 +123,10 @@ def _run_probe(report: DoctorReport, cfg, setup, model: nn.Module,
             timeout=timeout,
             env=dict(
                 PYTHONPATH=os.environ.get('PYTHONPATH', ''),
-                OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1')))
+                OMP_NUM_THREADS=os.environ.get('OMP_NUM_THREADS', '1'),
+                # the probe's tensors are on the CPU, whatever the caller's
+                # rank device (pytest --device cuda sets it for its tests)
+                **{RANK_DEVICE_ENV: 'cpu'}))
     except MultiRankError as error:
         _probe_failed(report, str(error), _setup_errors(result_dir), timeout)
         return
