@@ -15,5 +15,11 @@ if [ "$WORKERS" != 0 ]; then
     # whole files per worker, longest first (tests/file_order.py)
     PARALLEL=(-n "$WORKERS" --dist loadfile --no-loadscope-reorder)
 fi
+# Each failing test's traceback is appended here as it happens, so a run
+# cut at its time limit still says why (tests/failure_log.py).
+export MMDDP_EXT_FAILURE_LOG="${MMDDP_EXT_FAILURE_LOG:-$ROOT/work_dirs/test_failures.log}"
+mkdir -p "$(dirname "$MMDDP_EXT_FAILURE_LOG")"
+rm -f "$MMDDP_EXT_FAILURE_LOG"
+echo "[run_tests] failing tests' tracebacks: $MMDDP_EXT_FAILURE_LOG"
 exec "${PYTHON:-python3}" -m pytest tests -ra --durations=15 \
     "${PARALLEL[@]}" "$@"
