@@ -76,8 +76,7 @@ def is_vit_checkpoint(upstream: Dict[str, torch.Tensor]) -> bool:
         k.startswith(('backbone.', 'encoder.', 'decoder.')) for k in keys)
 
 
-def _shared_copy_problems(upstream: Dict[str, torch.Tensor],
-                          model) -> list:
+def _shared_copy_problems(upstream: Dict[str, torch.Tensor], model) -> list:
     """Upstream keys of one shared branch (the model lists one module
     under several indices) that differ from index 0's."""
     if model is None:
@@ -126,9 +125,8 @@ def convert_detector_state_dict(
     if problems:
         raise ConversionError('DEIMv2 checkpoint conversion failed:\n  ' +
                               '\n  '.join(problems))
-    return _dfine.convert_state_dict(
-        upstream, model and model.state_dict(),
-        model and model_num_points(model), log)
+    return _dfine.convert_state_dict(upstream, model and model.state_dict(),
+                                     model and model_num_points(model), log)
 
 
 def convert_vit_state_dict(

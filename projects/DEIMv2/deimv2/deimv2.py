@@ -74,4 +74,3 @@ class DEIMv2(DFINE):
         with torch.no_grad():
             nn.init.normal_(embedding[:-1])
             embedding[-1].zero_()
-

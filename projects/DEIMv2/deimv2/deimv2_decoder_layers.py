@@ -32,8 +32,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         full = x.float()
-        normed = full * torch.rsqrt(full.pow(2).mean(-1, keepdim=True) +
-                                    self.eps)
+        normed = full * torch.rsqrt(
+            full.pow(2).mean(-1, keepdim=True) + self.eps)
         return normed.type_as(x) * self.scale
 
 

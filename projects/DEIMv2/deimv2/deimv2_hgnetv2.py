@@ -38,7 +38,9 @@ class DEIMv2HGNetv2(HGNetv2):
             ``init_cfg``).
     """
 
-    def __init__(self, arch: str = 'Atto', out_indices=(2, ),
+    def __init__(self,
+                 arch: str = 'Atto',
+                 out_indices=(2, ),
                  **kwargs) -> None:
         light = arch in LIGHT_STAGE3
         if light and not all(0 <= i < LIGHT_STAGES for i in out_indices):

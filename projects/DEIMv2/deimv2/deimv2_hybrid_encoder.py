@@ -73,10 +73,10 @@ class DEIMv2HybridEncoder(DFINEHybridEncoder):
                 act=act)
 
         num_fused = len(in_channels) - 1
-        self.fpn_blocks = nn.ModuleList(
-            fusion_block() for _ in range(num_fused))
-        self.pan_blocks = nn.ModuleList(
-            fusion_block() for _ in range(num_fused))
+        self.fpn_blocks = nn.ModuleList(fusion_block()
+                                        for _ in range(num_fused))
+        self.pan_blocks = nn.ModuleList(fusion_block()
+                                        for _ in range(num_fused))
 
     def _fuse(self, proj: List[Tensor]) -> Tuple[Tensor]:
         """Replaces ``HybridEncoder._fuse``: the same FPN and PAN with the

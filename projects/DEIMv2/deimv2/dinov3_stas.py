@@ -62,11 +62,9 @@ class SpatialTuningAdapter(nn.Module):
             nn.MaxPool2d(kernel_size=3, stride=2, padding=1))
         self.conv2 = nn.Sequential(
             conv(inplanes, 2 * inplanes), norm(2 * inplanes))
-        self.conv3 = nn.Sequential(nn.GELU(),
-                                   conv(2 * inplanes, 4 * inplanes),
+        self.conv3 = nn.Sequential(nn.GELU(), conv(2 * inplanes, 4 * inplanes),
                                    norm(4 * inplanes))
-        self.conv4 = nn.Sequential(nn.GELU(),
-                                   conv(4 * inplanes, 4 * inplanes),
+        self.conv4 = nn.Sequential(nn.GELU(), conv(4 * inplanes, 4 * inplanes),
                                    norm(4 * inplanes))
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -144,9 +142,7 @@ class DINOv3STAs(BaseModule):
             if num_heads is not None:
                 vit_cfg['num_heads'] = num_heads
         vit = ViT(
-            **vit_cfg,
-            out_indices=interaction_indexes,
-            init_cfg=vit_init_cfg)
+            **vit_cfg, out_indices=interaction_indexes, init_cfg=vit_init_cfg)
         if is_dinov3:
             self.dinov3 = vit
         else:
@@ -192,7 +188,8 @@ class DINOv3STAs(BaseModule):
                 f'DINOv3STAs needs inputs whose sides are multiples of '
                 f'{TOKEN_STRIDE}, but got {tuple(x.shape[-2:])}. Set '
                 'data_preprocessor.pad_size_divisor to 32.')
-        height, width = x.shape[-2] // TOKEN_STRIDE, x.shape[-1] // TOKEN_STRIDE
+        height = x.shape[-2] // TOKEN_STRIDE
+        width = x.shape[-1] // TOKEN_STRIDE
         layers = self.vit(x)
         fused = []
         details = self.sta(x) if self.use_sta else (None, None, None)
@@ -205,8 +202,8 @@ class DINOv3STAs(BaseModule):
                       int(width * factor)],
                 mode='bilinear',
                 align_corners=False)
-            fused.append(grid if detail is None else torch.
-                         cat([grid, detail], dim=1))
+            fused.append(
+                grid if detail is None else torch.cat([grid, detail], dim=1))
         return tuple(
             norm(conv(feat))
             for conv, norm, feat in zip(self.convs, self.norms, fused))

@@ -92,13 +92,12 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention with rotary embeddings on the last
     ``height * width`` (patch) tokens."""
 
-    def __init__(self, dims: int, num_heads: int,
-                 mask_k_bias: bool) -> None:
+    def __init__(self, dims: int, num_heads: int, mask_k_bias: bool) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.qkv = (
-            MaskedKBiasLinear(dims, 3 * dims)
-            if mask_k_bias else nn.Linear(dims, 3 * dims))
+            MaskedKBiasLinear(dims, 3 * dims) if mask_k_bias else nn.Linear(
+                dims, 3 * dims))
         self.proj = nn.Linear(dims, dims)
 
     def forward(self, x: Tensor, rope: Tuple[Tensor, Tensor]) -> Tensor:
@@ -162,8 +161,8 @@ class Block(nn.Module):
     optionally scaled (:class:`LayerScale`, ``ls1`` / ``ls2``)."""
 
     def __init__(self, dims: int, num_heads: int, ffn_ratio: float,
-                 ffn_type: str, layerscale: Optional[float],
-                 mask_k_bias: bool, norm_eps: float) -> None:
+                 ffn_type: str, layerscale: Optional[float], mask_k_bias: bool,
+                 norm_eps: float) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dims, eps=norm_eps)
         self.attn = SelfAttention(dims, num_heads, mask_k_bias)
@@ -273,8 +272,8 @@ class ViT(BaseModule):
                 torch.zeros(1, num_storage_tokens, embed_dims))
         if with_mask_token:
             self.mask_token = nn.Parameter(torch.zeros(1, embed_dims))
-        self.rope_embed = RopePositionEmbedding(
-            embed_dims // num_heads, rope_base, rope_rescale)
+        self.rope_embed = RopePositionEmbedding(embed_dims // num_heads,
+                                                rope_base, rope_rescale)
         self.blocks = nn.ModuleList(
             Block(embed_dims, num_heads, ffn_ratio, ffn_type, layerscale,
                   mask_k_bias, norm_eps) for _ in range(depth))

@@ -89,7 +89,7 @@ class DEIMv2LiteEncoder(BaseModule):
                 'takes one; set the backbone out_indices to one stage.')
         fine = self.input_proj[0](feats[0])
         coarse = self.bi_fusion(self.down_sample1(fine))
-        fine = self.fpn_block(
-            fine + F.interpolate(coarse, size=fine.shape[-2:]))
+        fine = self.fpn_block(fine +
+                              F.interpolate(coarse, size=fine.shape[-2:]))
         coarse = self.pan_block(coarse + self.down_sample2(fine))
         return fine, coarse

@@ -12,8 +12,8 @@ import os.path as osp
 import pytest
 import torch
 
-from .deimv2_utils import (DATA, DINOV3_SIZES, REPO_ROOT, SIZES,
-                           coco_config, coco_meta_model, import_project)
+from .deimv2_utils import (DATA, DINOV3_SIZES, REPO_ROOT, SIZES, coco_config,
+                           coco_meta_model, import_project)
 
 CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_deimv2_checkpoint.py')
 DFINE_DATA = osp.join(REPO_ROOT, 'tests', 'test_projects', 'test_dfine',
@@ -83,23 +83,26 @@ def test_every_upstream_key_converts(converter, size):
     """Every key of upstream's model of this size is mapped or derived,
     and the result has exactly the port's keys and shapes."""
     model = meta_model(converter, size)
-    upstream = synthetic_checkpoint(size,
-                                    converter.model_num_points(model)[0])
+    upstream = synthetic_checkpoint(size, converter.model_num_points(model)[0])
     if model.bbox_head.share_bbox_head:
         share_like_upstream(upstream, model.decoder.num_layers)
     log = []
-    converted = converter.convert_detector_state_dict(
-        upstream, model, log.append)
-    handled = {line.split()[1] for line in log if line.startswith(('map',
-                                                                   'skip'))}
+    converted = converter.convert_detector_state_dict(upstream, model,
+                                                      log.append)
+    handled = {
+        line.split()[1]
+        for line in log if line.startswith(('map', 'skip'))
+    }
     assert handled == set(upstream)
     reference = model.state_dict()
     assert set(converted) == set(reference)
-    assert {k: tuple(v.shape)
-            for k, v in converted.items()} == {
-                k: tuple(v.shape)
-                for k, v in reference.items()
-            }
+    assert {
+        k: tuple(v.shape)
+        for k, v in converted.items()
+    } == {
+        k: tuple(v.shape)
+        for k, v in reference.items()
+    }
 
 
 def test_atto_loads_values_where_upstream_has_them(converter):
@@ -108,8 +111,8 @@ def test_atto_loads_values_where_upstream_has_them(converter):
     model = converter.reference_model(coco_config('hgnetv2_atto'))
     upstream = synthetic_checkpoint('hgnetv2_atto', [4, 2], seed=0)
     share_like_upstream(upstream, 3)
-    converted = converter.convert_detector_state_dict(
-        upstream, model, lambda line: None)
+    converted = converter.convert_detector_state_dict(upstream, model,
+                                                      lambda line: None)
     model.load_state_dict(converted, strict=True)
     pairs = {
         'decoder.decoder.layers.1.swish_ffn.w12.weight':
@@ -132,8 +135,8 @@ def test_unequal_copies_of_a_shared_branch_are_refused(converter):
     differ (not an Atto/Femto/Pico file) is refused, naming the key."""
     model = meta_model(converter, 'hgnetv2_atto')
     upstream = synthetic_checkpoint('hgnetv2_atto', [4, 2], seed=0)
-    with pytest.raises(converter.ConversionError,
-                       match=r'dec_bbox_head\.1\..* differs'):
+    with pytest.raises(
+            converter.ConversionError, match=r'dec_bbox_head\.1\..* differs'):
         converter.convert_detector_state_dict(upstream, model,
                                               lambda line: None)
 
@@ -149,8 +152,7 @@ def test_a_deim_checkpoint_is_refused_by_a_deimv2_config(converter):
         if not k.endswith('num_points_scale')
     }
     with pytest.raises(converter.ConversionError) as error:
-        converter.convert_detector_state_dict(dfine, model,
-                                              lambda line: None)
+        converter.convert_detector_state_dict(dfine, model, lambda line: None)
     assert 'swish_ffn' in str(error.value)
 
 
@@ -178,8 +180,7 @@ def test_a_vit_file_of_another_size_is_refused(converter):
         for k, v in manifest('deimv2_dinov3_s_vit_keys.json').items()
     }
     with pytest.raises(converter.ConversionError, match='vittplus'):
-        converter.convert_vit_state_dict(tiny,
-                                         model.backbone.vit.state_dict(),
+        converter.convert_vit_state_dict(tiny, model.backbone.vit.state_dict(),
                                          lambda line: None)
 
 
@@ -201,7 +202,8 @@ def test_b0_imagenet_file_loads_into_the_light_sizes(converter, size,
     kept = converter.convert_hgnetv2_state_dict(b0, reference,
                                                 lambda line: None)
     assert not any(k.startswith('stages.3.') for k in kept)
-    assert all(k in kept for k in reference
-               if k.startswith(('stem.', 'stages.0.', 'stages.1.')))
+    assert all(
+        k in kept for k in reference
+        if k.startswith(('stem.', 'stages.0.', 'stages.1.')))
     stage2 = [k for k in reference if k.startswith('stages.2.')]
     assert all(k in kept for k in stage2) == stage2_kept

@@ -136,8 +136,9 @@ def test_sta_refuses_sizes_off_the_token_grid():
     from mmdet.registry import MODELS
     import_project()
     backbone = MODELS.build(
-        dict(type='DINOv3STAs', name='vit_tiny',
-             interaction_indexes=[3, 7, 11]))
+        dict(
+            type='DINOv3STAs', name='vit_tiny', interaction_indexes=[3, 7,
+                                                                     11]))
     with pytest.raises(ValueError, match='pad_size_divisor'):
         backbone(torch.rand(1, 3, 40, 48))
 
@@ -147,7 +148,7 @@ def test_unknown_vit_name_is_a_value_error():
     import_project()
     with pytest.raises(ValueError, match='vit_tinyplus'):
         MODELS.build(
-            dict(type='DINOv3STAs', name='vit_base',
-                 interaction_indexes=[3, 7, 11]))
-
-
+            dict(
+                type='DINOv3STAs',
+                name='vit_base',
+                interaction_indexes=[3, 7, 11]))

@@ -64,8 +64,7 @@ def upstream_param_values(record: dict) -> dict:
 def test_parameter_groups_equal_upstream(size):
     cfg, model = coco_meta_model(size)
     record = records()[size]
-    ours, theirs = port_param_values(cfg, model), upstream_param_values(
-        record)
+    ours, theirs = port_param_values(cfg, model), upstream_param_values(record)
     assert differences(ours, theirs) == {}
 
 
@@ -78,12 +77,13 @@ def test_schedule_policy_and_batch_equal_upstream(size):
     (scheduler, ) = cfg.param_scheduler
     assert scheduler['type'] == 'FlatCosineLR'
     assert (scheduler['warmup_iter'], scheduler['flat_epoch'],
-            scheduler['no_aug_epoch'], scheduler['lr_gamma']) == (
-                yaml['warmup_iter'], yaml['flat_epoch'], yaml['no_aug_epoch'],
-                yaml['lr_gamma'])
+            scheduler['no_aug_epoch'],
+            scheduler['lr_gamma']) == (yaml['warmup_iter'], yaml['flat_epoch'],
+                                       yaml['no_aug_epoch'], yaml['lr_gamma'])
     ema = hook(cfg, 'ModelEMAHook')
-    assert yaml['use_ema'] and (ema['decay'], ema['warmups']) == (
-        yaml['ema']['decay'], yaml['ema']['warmups'])
+    assert yaml['use_ema'] and (ema['decay'],
+                                ema['warmups']) == (yaml['ema']['decay'],
+                                                    yaml['ema']['warmups'])
     assert cfg.optim_wrapper.clip_grad.max_norm == yaml['clip_max_norm']
     dataset = cfg.train_dataloader.dataset
     assert list(dataset.policy.epoch) == yaml['policy']['epoch']

@@ -81,8 +81,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('checkout', help='an Intellindust-AI-Lab/DEIMv2 '
-                        'checkout')
+    parser.add_argument(
+        'checkout', help='an Intellindust-AI-Lab/DEIMv2 '
+        'checkout')
     parser.add_argument('--one', choices=SIZES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     checkout = osp.abspath(args.checkout)

@@ -39,11 +39,18 @@ OUTPUT = osp.join(HERE, 'upstream_recipes.json')
 SIZES = ('hgnetv2_atto', 'hgnetv2_femto', 'hgnetv2_pico', 'hgnetv2_n',
          'hgnetv2_s', 'hgnetv2_m', 'hgnetv2_l', 'hgnetv2_x', 'dinov3_s',
          'dinov3_m', 'dinov3_l', 'dinov3_x')
-OVERRIDES = {'HGNetv2': {'pretrained': False}, 'DINOv3STAs': {'weights_path': None}}
+OVERRIDES = {
+    'HGNetv2': {
+        'pretrained': False
+    },
+    'DINOv3STAs': {
+        'weights_path': None
+    }
+}
 YAML_KEYS = ('epoches', 'warmup_iter', 'flat_epoch', 'no_aug_epoch',
              'lr_gamma', 'lrsheduler', 'ema', 'use_ema', 'use_amp',
-             'clip_max_norm', 'sync_bn', 'find_unused_parameters',
-             'optimizer', 'eval_spatial_size')
+             'clip_max_norm', 'sync_bn', 'find_unused_parameters', 'optimizer',
+             'eval_spatial_size')
 
 
 def _yaml_config(root: str):
@@ -83,13 +90,12 @@ def one_config(root: str, size: str) -> dict:
     transforms = train.get('dataset', {}).get('transforms', {})
     return dict(
         file=f'configs/deimv2/deimv2_{size}_coco.yml',
-        yaml=dict(
-            {k: cfg.get(k)
-             for k in YAML_KEYS},
-            policy=transforms.get('policy'),
-            mosaic_prob=transforms.get('mosaic_prob'),
-            collate_fn=train.get('collate_fn'),
-            total_batch_size=train.get('total_batch_size')),
+        yaml=dict({k: cfg.get(k)
+                   for k in YAML_KEYS},
+                  policy=transforms.get('policy'),
+                  mosaic_prob=transforms.get('mosaic_prob'),
+                  collate_fn=train.get('collate_fn'),
+                  total_batch_size=train.get('total_batch_size')),
         param_groups=[
             dict(
                 lr=g['lr'],
@@ -104,8 +110,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('checkout', help='an Intellindust-AI-Lab/DEIMv2 '
-                        'checkout')
+    parser.add_argument(
+        'checkout', help='an Intellindust-AI-Lab/DEIMv2 '
+        'checkout')
     parser.add_argument('--one', choices=SIZES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     root = osp.abspath(args.checkout)
@@ -117,11 +124,10 @@ def main() -> int:
                             text=True).stdout.strip() or None
     configs = {}
     for size in SIZES:
-        out = subprocess.run(
-            [sys.executable, __file__, root, '--one', size],
-            check=True,
-            capture_output=True,
-            text=True).stdout
+        out = subprocess.run([sys.executable, __file__, root, '--one', size],
+                             check=True,
+                             capture_output=True,
+                             text=True).stdout
         configs[size] = json.loads(out.strip().splitlines()[-1])
         print(f'{size}: {len(configs[size]["param_groups"])} groups')
     data = dict(
