@@ -823,23 +823,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def usage_error(message: str) -> None:
+    """Exit with status 2 (as argparse does), not 1 (a failed check)."""
+    print(f'selftest: {message}', file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
     device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
     if device == 'cuda' and not torch.cuda.is_available():
-        raise SystemExit('selftest: --device cuda, but torch '
-                         f'{torch.__version__} sees no CUDA device; run '
-                         'with --device cpu or on a GPU node.')
+        usage_error(f'--device cuda, but torch {torch.__version__} sees no '
+                    'CUDA device; run with --device cpu or on a GPU node.')
     broken = args.broken
     if broken is None:
         broken = [b for b in os.environ.get(BREAK_ENV, '').split(',') if b]
     amp_checks = [f.check for f in FAMILIES]
     for name in broken:
         if name not in amp_checks:
-            raise SystemExit(f'selftest: --break/{BREAK_ENV} takes AMP '
-                             f"checks ({', '.join(amp_checks)}), got "
-                             f'{name!r}.')
+            usage_error(f'--break/{BREAK_ENV} takes AMP checks '
+                        f"({', '.join(amp_checks)}), got {name!r}.")
+    if args.iters is not None and args.iters < 1:
+        usage_error(f'--iters must be a positive integer, got {args.iters}.')
     suffix = '_quick' if args.quick else ''
     work_dir = osp.abspath(
         args.work_dir
@@ -848,10 +854,6 @@ def main(argv=None) -> int:
     json_path = osp.abspath(args.json or osp.join(work_dir, 'selftest.json'))
     ctx = Context(device, args.quick, work_dir, broken)
     if args.iters is not None:
-        if args.iters < 1:
-            raise SystemExit(
-                f'selftest: --iters must be a positive integer, got '
-                f'{args.iters}.')
         ctx.plan.iters = args.iters
     if args.tests_timeout is not None:
         ctx.plan.tests_timeout_s = args.tests_timeout

@@ -125,10 +125,13 @@ def test_broken_amp_check_fails_the_selftest(tmp_path):
     assert f"last 40 lines of {check['log']}" in out.stdout
 
 
-def test_break_names_only_amp_checks():
+def test_break_names_only_amp_checks(capsys):
     selftest = load_selftest()
-    with pytest.raises(SystemExit, match='takes AMP checks'):
+    with pytest.raises(SystemExit) as exit_info:
         selftest.main(['--device', 'cpu', '--break', 'multi_rank_tests'])
+    assert exit_info.value.code == 2  # a usage error, not a failed check
+    assert "takes AMP checks (amp_co_dino, amp_rtdetrv2, amp_dfine, " \
+        "amp_deim), got 'multi_rank_tests'" in capsys.readouterr().err
 
 
 def test_upstream_ratios_are_read_from_the_benchmarks_own_report(
