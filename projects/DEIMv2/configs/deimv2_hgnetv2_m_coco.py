@@ -30,7 +30,13 @@ model = dict(
     num_queries=300,
     num_feature_levels=num_levels,
     feat_channels=[embed_dims] * num_levels,
-    backbone=dict(arch='B2', use_lab=True, out_indices=(1, 2, 3)),
+    backbone=dict(
+        arch='B2',
+        use_lab=True,
+        out_indices=(1, 2, 3),
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='checkpoints/PPHGNetV2_B2_stage1.pth')),
     neck=dict(in_channels=[384, 768, 1536], hidden_dim=256, depth_mult=0.67),
     decoder=dict(
         num_layers=4,

@@ -29,7 +29,13 @@ model = dict(
     num_queries=300,
     num_feature_levels=num_levels,
     feat_channels=[embed_dims] * num_levels,
-    backbone=dict(arch='B0', use_lab=True, out_indices=(2, 3)),
+    backbone=dict(
+        arch='B0',
+        use_lab=True,
+        out_indices=(2, 3),
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='checkpoints/PPHGNetV2_B0_stage1.pth')),
     neck=dict(
         in_channels=[512, 1024],
         hidden_dim=128,

@@ -57,7 +57,14 @@ model = dict(
     num_queries=200,
     num_feature_levels=num_levels,
     feat_channels=[embed_dims] * num_levels,
-    backbone=dict(arch='Pico', use_lab=True, out_indices=(2, )),
+    backbone=dict(
+        arch='Pico',
+        use_lab=True,
+        out_indices=(2, ),
+        # upstream starts Pico from B0's file, loading what matches
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='checkpoints/PPHGNetV2_B0_stage1.pth')),
     neck=dict(
         _delete_=True,
         type='DEIMv2LiteEncoder',

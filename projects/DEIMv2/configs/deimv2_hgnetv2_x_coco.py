@@ -30,7 +30,13 @@ model = dict(
     num_queries=300,
     num_feature_levels=num_levels,
     feat_channels=[384] * num_levels,
-    backbone=dict(arch='B5', frozen_stages=0, freeze_norm=True),
+    backbone=dict(
+        arch='B5',
+        frozen_stages=0,
+        freeze_norm=True,
+        init_cfg=dict(
+            type='Pretrained',
+            checkpoint='checkpoints/PPHGNetV2_B5_stage1.pth')),
     neck=dict(hidden_dim=384, feedforward_channels=2048),
     decoder=dict(
         num_layers=6,

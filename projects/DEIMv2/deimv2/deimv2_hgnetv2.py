@@ -22,11 +22,12 @@ class DEIMv2HGNetv2(HGNetv2):
     one the light encoder takes.
 
     Upstream starts these sizes from B0's ImageNet file
-    (``PPHGNetV2_B0_stage1.pth``), loading what matches: stem and the
-    first two stages, and for Pico the third too (its shapes are B0's).
-    ``init_cfg=dict(type='Pretrained', ...)`` would refuse the extra keys,
-    so the custom configs load converted files instead
-    (``tools/convert_deimv2_checkpoint.py``).
+    (``PPHGNetV2_B0_stage1.pth``), loading what matches: stem, the first
+    two stages and the third stage's tensors of B0's shapes (all of them
+    for Pico, whose stage is B0's). ``init_cfg=dict(type='Pretrained',
+    checkpoint=...)`` does the same (MMEngine loads it with
+    ``strict=False``: keys of another shape or absent here are skipped and
+    listed in a warning), as the COCO configs set it.
 
     Args:
         arch (str): 'Atto', 'Femto', 'Pico', or a size of

@@ -75,6 +75,7 @@ def test_atto_trains_on_a_batch_with_a_gt_less_image():
         coco_config('hgnetv2_atto'),
         num_queries=30,
         **{
+            'backbone.init_cfg': None,
             'bbox_head.num_classes': 2,
             'data_preprocessor.batch_augments': None,
             'test_cfg.max_per_img': 30
