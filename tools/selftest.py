@@ -212,7 +212,9 @@ def make_plan(device: str, quick: bool) -> Plan:
     step) run side by side and beside the multi-rank tests (limit 330 s
     for each), then at most three upstream benchmarks run alone (60 s
     each), so the worst case is 330 + 3 * 60 = 510 s plus the data
-    generation and config reading (about 10 s).
+    generation and config reading (about 10 s). The tests get the time of
+    each upstream benchmark that does not run (:func:`main`): 510 s
+    without upstream checkouts.
     On 2 CPU cores the quick form trains 10 iterations per family (float16
     autocast on CPU: 1.4-2.4 s per iteration, CO-DINO tiny 8 s, on a
     loaded machine; the figures show the stack works, they make no
@@ -809,8 +811,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         '--tests-timeout',
         type=float,
         default=None,
-        help='wall limit of the multi-rank tests in seconds (default: 330 '
-        'on cuda, 180 with --quick on cpu)')
+        help='wall limit of the multi-rank tests in seconds (default on '
+        'cuda: 330 plus 60 for each upstream benchmark that does not run; '
+        '180 with --quick on cpu)')
     parser.add_argument(
         '--only',
         nargs='+',
@@ -827,6 +830,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         help='make these AMP checks fail (the negative '
         f'control; also {BREAK_ENV}=CHECK[,CHECK])')
     return parser.parse_args(argv)
+
+
+def set_tests_timeout(ctx: Context, selected: Sequence[str],
+                      seconds: Optional[float]) -> None:
+    """The multi-rank tests' limit: ``seconds`` if given; otherwise the
+    plan's, plus, where the tests run beside the fine-tunes (a GPU node),
+    the time of each upstream benchmark that will not run after them."""
+    if seconds is not None:
+        ctx.plan.tests_timeout_s = seconds
+    elif ctx.plan.parallel:
+        idle = [
+            u for u in UPSTREAMS
+            if u.check not in selected or not os.environ.get(u.env)
+        ]
+        ctx.plan.tests_timeout_s += len(idle) * ctx.plan.upstream_timeout_s
 
 
 def usage_error(message: str) -> None:
@@ -861,9 +879,8 @@ def main(argv=None) -> int:
     ctx = Context(device, args.quick, work_dir, broken)
     if args.iters is not None:
         ctx.plan.iters = args.iters
-    if args.tests_timeout is not None:
-        ctx.plan.tests_timeout_s = args.tests_timeout
     selected = args.only or CHECKS
+    set_tests_timeout(ctx, selected, args.tests_timeout)
     progress(f"{'quick ' if args.quick else ''}self-test on {device}: "
              f"{', '.join(selected)}; work dir {work_dir}")
     start = time.perf_counter()

@@ -205,3 +205,27 @@ def test_upstream_checks_skip_without_a_checkout_and_fail_on_a_bad_one(
         report = json.load(f)
     assert report['failed'] == ['upstream_dfine']
     assert 'is not a directory' in report['checks'][0]['reason']
+
+
+def test_gpu_tests_get_the_time_of_upstream_benchmarks_that_do_not_run(
+        tmp_path, monkeypatch):
+    """The cuda form's 9 minutes: 330 s for the tests beside the
+    fine-tunes, plus 60 s per upstream benchmark that will not run."""
+    selftest = load_selftest()
+    for env in UPSTREAM_ENVS:
+        monkeypatch.delenv(env, raising=False)
+
+    def limit(selected, seconds=None):
+        ctx = selftest.Context('cuda', False, str(tmp_path), [])
+        selftest.set_tests_timeout(ctx, selected, seconds)
+        return ctx.plan.tests_timeout_s
+
+    assert limit(ALL_CHECKS) == 330 + 3 * 60
+    monkeypatch.setenv('DFINE_UPSTREAM', str(tmp_path))
+    assert limit(ALL_CHECKS) == 330 + 2 * 60
+    assert limit(ALL_CHECKS[:-3]) == 330 + 3 * 60
+    assert limit(ALL_CHECKS, seconds=900) == 900
+    # on CPU the checks run one after another: nothing to hand over
+    ctx = selftest.Context('cpu', True, str(tmp_path), [])
+    selftest.set_tests_timeout(ctx, ALL_CHECKS, None)
+    assert ctx.plan.tests_timeout_s == 180
