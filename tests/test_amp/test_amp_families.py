@@ -38,8 +38,10 @@ from .amp_runs import (FAMILIES, ITERS, relative_tolerance, train_families,
 WORLD_SIZE = 2
 EMPTY_RANK = 1
 INIT_SCALE = 2.0**16  # torch.amp.GradScaler's default
-# The scale settles within this many skipped steps (measured: 3-4).
-MAX_SETTLE_SKIPS = 5
+# The scale settles within this many skipped steps (measured: 4 for
+# RT-DETR(v2), D-FINE, DEIM-RTDETRv2, DINO; 5 for DEIM-HGNetv2; 6 for
+# CO-DINO), leaving at least 2 optimizer steps.
+MAX_SETTLE_SKIPS = ITERS - 2
 # Relative deviation of the total loss (see the test that uses it).
 TOTAL_TOLERANCE = 0.05
 # Zero-valued terms (an unmatched part, identical distributions) compare
@@ -140,15 +142,16 @@ def test_float16_agrees_with_float32_on_the_first_batch(amp_runs, family):
     roundings agrees within ``u * sqrt(3 * depth)``, ``u = 2 ** -11``:
     three standard deviations of the sum of ``depth`` independent
     roundings, each uniform within ``u`` (measured depths 150-300,
-    tolerances 1.0-1.5 %; measured deviations up to 0.1 %).
+    tolerances 1.0-1.5 %; measured deviations up to 0.2 %).
 
     The total also holds matched terms and the encoder's query selection:
     where two queries score or cost the same to within float16's
     resolution, float16 may select or match the other one, and that term
-    then differs by more than rounding (measured on these batches: up to
-    6 % on matched DEIM-RTDETRv2 terms, 1.3 % on its total). The total is
-    held to ``TOTAL_TOLERANCE``, which no rounding error reaches but a
-    garbage term would.
+    then differs by more than rounding (seen: up to 6 % on matched
+    DEIM-RTDETRv2 terms and 1.3 % on its total in one run; 2.7 % on the
+    near-zero total, 5e-4, of DINO's GT-less rank). The total is held to
+    ``TOTAL_TOLERANCE``, which no rounding error reaches but a garbage
+    term would.
     """
     deviations = []
     for rank, run in enumerate(_both(amp_runs, family)):
