@@ -1,6 +1,6 @@
 """DEIMv2's hybrid encoder (HGNetv2 N to X, DINOv3 S to X) as an
 MMDetection neck."""
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 import torch.nn.functional as F
 from mmdet.registry import MODELS
@@ -31,6 +31,7 @@ class DEIMv2HybridEncoder(DFINEHybridEncoder):
 
     Args:
         version (str): 'dfine' or 'deim' (see above). Defaults to 'deim'.
+        *args: Positional arguments of :class:`DFINEHybridEncoder`.
         **kwargs: Keys of :class:`DFINEHybridEncoder` (``in_channels``,
             ``hidden_dim``, ``num_heads``, ``feedforward_channels``,
             ``dropout``, ``enc_act``, ``use_encoder_idx``,
@@ -38,50 +39,42 @@ class DEIMv2HybridEncoder(DFINEHybridEncoder):
             ``depth_mult``, ``act``, ``init_cfg``).
     """
 
-    def __init__(self,
-                 in_channels: Sequence[int] = (512, 1024, 2048),
-                 hidden_dim: int = 256,
-                 expansion: float = 1.0,
-                 depth_mult: float = 1.0,
-                 act: str = 'silu',
-                 version: str = 'deim',
-                 **kwargs) -> None:
+    def __init__(self, *args, version: str = 'deim', **kwargs) -> None:
         if version not in FUSION_VERSIONS:
             raise ValueError(
                 f'DEIMv2HybridEncoder version must be one of '
                 f'{FUSION_VERSIONS}, but got {version!r}: upstream\'s '
                 "'dfine' (N, S) or 'deim' (M, L, X, DINOv3 sizes).")
-        super().__init__(
-            in_channels=in_channels,
-            hidden_dim=hidden_dim,
-            expansion=expansion,
-            depth_mult=depth_mult,
-            act=act,
-            **kwargs)
-        for i, channels in enumerate(in_channels):
-            if channels == hidden_dim:
-                self.input_proj[i] = nn.Identity()
+        # read by the builders, which the base __init__ calls
+        self.version = version
+        super().__init__(*args, **kwargs)
 
-        def fusion_block() -> GELANBlock:
-            return GELANBlock(
-                hidden_dim,
-                hidden_dim,
-                hidden_dim * 2,
-                round(expansion * hidden_dim // 2),
-                round(3 * depth_mult),
-                with_conv=version == 'dfine',
-                act=act)
+    def _build_input_proj(self, in_channels: int) -> nn.Module:
+        """``DFINEHybridEncoder._build_input_proj``, or none where the
+        level already has ``hidden_dim`` channels (upstream)."""
+        if in_channels == self.hidden_dim:
+            return nn.Identity()
+        return super()._build_input_proj(in_channels)
 
-        num_fused = len(in_channels) - 1
-        self.fpn_blocks = nn.ModuleList(fusion_block()
-                                        for _ in range(num_fused))
-        self.pan_blocks = nn.ModuleList(fusion_block()
-                                        for _ in range(num_fused))
+    def _build_fusion_block(self) -> nn.Module:
+        """Replaces D-FINE's GELAN block: :class:`GELANBlock` on
+        ``hidden_dim`` channels (the two maps are summed) with
+        ``CSPLayer2`` stages, with or without the 3x3 convs
+        (``version``)."""
+        return GELANBlock(
+            self.hidden_dim,
+            self.hidden_dim,
+            self.hidden_dim * 2,
+            round(self.expansion * self.hidden_dim // 2),
+            round(3 * self.depth_mult),
+            with_conv=self.version == 'dfine',
+            act=self.act)
 
     def _fuse(self, proj: List[Tensor]) -> Tuple[Tensor]:
         """Replaces ``HybridEncoder._fuse``: the same FPN and PAN with the
         two maps added instead of concatenated (upstream ``fuse_op:
-        sum``)."""
+        sum``). A ``_merge`` seam in ``HybridEncoder._fuse`` would make
+        this a one-line override."""
         num_levels = len(proj)
         inner = [proj[-1]]
         for step, level in enumerate(range(num_levels - 1, 0, -1)):

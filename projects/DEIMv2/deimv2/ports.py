@@ -3,37 +3,40 @@ projects/DEIM, projects/RT-DETR) that DEIMv2 reuses.
 
 DEIMv2 is DEIM's D-FINE model with new backbones, encoders and decoder
 layers; everything else (query selection, denoising, FDR decoder, the
-criterion, the recipe machinery) is theirs. The project directories have
-hyphens, so they are imported by name, as projects/DEIM does; importing
-them registers their components.
+criterion, the recipe machinery) is theirs. Names come from each
+package's face (its ``__all__``), imported under the names the configs'
+``custom_imports`` give them so that their components register once; the
+project directories have hyphens, so with ``import_module``, here and
+nowhere else in DEIMv2.
+
+One reach remains: D-FINE's face does not export its decoder
+(``DFINEDecoder``, ``PerLevelDeformableAttention`` and the float16 clamp
+bound), which DEIMv2's decoder subclasses and reuses, so they are taken
+from ``dfine_decoder_layers`` until D-FINE exports them.
 """
-import importlib
+from importlib import import_module
 
-_rtdetr = importlib.import_module('projects.RT-DETR.rtdetr')
-_rtdetr_layers = importlib.import_module(
-    'projects.RT-DETR.rtdetr.rtdetr_layers')
-_dfine = importlib.import_module('projects.D-FINE.dfine')
-_dfine_decoder = importlib.import_module(
-    'projects.D-FINE.dfine.dfine_decoder_layers')
-_dfine_encoder = importlib.import_module(
-    'projects.D-FINE.dfine.dfine_encoder_layers')
-_deim = importlib.import_module('projects.DEIM.deim')
+_rtdetr = import_module('projects.RT-DETR.rtdetr')
+ConvNormLayer = _rtdetr.ConvNormLayer
+RepVggBlock = _rtdetr.RepVggBlock
+build_activation = _rtdetr.build_activation
 
-ConvNormLayer = _rtdetr_layers.ConvNormLayer
-RepVggBlock = _rtdetr_layers.RepVggBlock
-build_activation = _rtdetr_layers.build_activation
+_dfine = import_module('projects.D-FINE.dfine')
 DFINE = _dfine.DFINE
 DFINEHybridEncoder = _dfine.DFINEHybridEncoder
 HGNetv2 = _dfine.HGNetv2
-MLP = _dfine_decoder.MLP
+MLP = _dfine.MLP
+
+_dfine_decoder = import_module('projects.D-FINE.dfine.dfine_decoder_layers')
 DFINEDecoder = _dfine_decoder.DFINEDecoder
 PerLevelDeformableAttention = _dfine_decoder.PerLevelDeformableAttention
 FP16_MAX = _dfine_decoder.FP16_MAX
-SCDown = _dfine_encoder.SCDown
+
+_deim = import_module('projects.DEIM.deim')
 DEIMHead = _deim.DEIMHead
 
 __all__ = [
     'ConvNormLayer', 'RepVggBlock', 'build_activation', 'DFINE',
     'DFINEHybridEncoder', 'HGNetv2', 'MLP', 'DFINEDecoder',
-    'PerLevelDeformableAttention', 'FP16_MAX', 'SCDown', 'DEIMHead'
+    'PerLevelDeformableAttention', 'FP16_MAX', 'DEIMHead'
 ]
