@@ -135,3 +135,64 @@ def test_distillation_of_identical_distributions_is_zero_in_float16():
         F.softmax(logits / 5, dim=1),
         reduction='none').sum(-1).abs().mean() * 25
     assert control.item() > 1e-4
+
+
+def _co_dino():
+    from ..test_projects.test_codetr.codetr_utils import (build_tiny,
+                                                          tiny_model_cfg)
+    cfg = tiny_model_cfg()
+    cfg.backbone.base_channels = 32
+    cfg.neck.in_channels = [64, 128, 256]
+    return build_tiny(cfg)
+
+
+def _co_dino_inputs(side=96):
+    """Float16 features of CO-DINO-tiny's four levels (strides 8-64, as
+    its query head hands them to the auxiliary heads) and one sample."""
+    from mmdet.structures import DetDataSample
+    gen = torch.Generator().manual_seed(0)
+    feats = tuple(
+        torch.randn(1, 128, side // stride, side //
+                    stride, generator=gen).half()
+        for stride in (8, 16, 32, 64))
+    sample = DetDataSample(
+        metainfo=dict(
+            img_shape=(side, side),
+            batch_input_shape=(side, side),
+            pad_shape=(side, side),
+            scale_factor=(1.0, 1.0)))
+    sample.gt_instances = InstanceData(
+        bboxes=torch.tensor([[10., 12., 60., 70.]]), labels=torch.tensor([0]))
+    return feats, [sample]
+
+
+def test_co_dino_rpn_on_float16_features_stops_in_nms():
+    """Negative control of CoDETR.loss's float32 RPN: MMDetection's
+    ``loss_and_predict`` under autocast, as CoDETR called it, on the
+    float16 features the query head gives, stops in mmcv's NMS (CO-DINO
+    could not train one step under autocast); test_amp_families.py trains
+    CO-DINO through the port's call."""
+    model = _co_dino()
+    feats, samples = _co_dino_inputs()
+    proposal_cfg = model.train_cfg[model.head_idx].get('rpn_proposal')
+    with torch.autocast('cpu', dtype=torch.float16):
+        with pytest.raises(
+                RuntimeError, match='expected scalar type Float but found '
+                'Half'):
+            model.rpn_head.loss_and_predict(
+                feats, samples, proposal_cfg=proposal_cfg)
+
+
+def test_co_dino_roi_features_are_float32_under_autocast():
+    """The RoI head samples float32 features (as upstream's ``force_fp32``
+    extractor); MMDetection 3.x's ``_bbox_forward`` (the control) samples
+    the float16 ones."""
+    from mmdet.models.roi_heads import StandardRoIHead
+    head = _co_dino().roi_head[0]
+    feats, _ = _co_dino_inputs()
+    rois = torch.tensor([[0., 10., 12., 60., 70.]])
+    with torch.autocast('cpu', dtype=torch.float16):
+        port = head._bbox_forward(feats, rois)
+        stock = StandardRoIHead._bbox_forward(head, feats, rois)
+    assert port['bbox_feats'].dtype == torch.float32
+    assert stock['bbox_feats'].dtype == torch.float16
