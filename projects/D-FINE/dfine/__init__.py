@@ -6,7 +6,8 @@ Importing this package registers its components in ``mmdet.registry``
 from .decoupled_distillation_focal_loss import DecoupledDistillationFocalLoss
 from .dfine import DFINE
 from .dfine_cdn_query_generator import DFINECdnQueryGenerator
-from .dfine_decoder_layers import MLP
+from .dfine_decoder_layers import (FP16_MAX, MLP, DFINEDecoder,
+                                   PerLevelDeformableAttention)
 from .dfine_head import DFINEHead
 from .dfine_hybrid_encoder import DFINEHybridEncoder
 from .dfine_upstream_param_names import dfine_upstream_param_names
@@ -17,6 +18,8 @@ from .model_ema_hook import ModelEMAHook
 
 __all__ = [
     'DecoupledDistillationFocalLoss', 'DFINE', 'DFINECdnQueryGenerator',
-    'DFINEHead', 'DFINEHybridEncoder', 'dfine_upstream_param_names',
-    'FineGrainedLocalizationLoss', 'HGNetv2', 'ModelEMA', 'ModelEMAHook', 'MLP'
+    'DFINEDecoder', 'DFINEHead', 'DFINEHybridEncoder',
+    'dfine_upstream_param_names', 'FineGrainedLocalizationLoss', 'FP16_MAX',
+    'HGNetv2', 'MLP', 'ModelEMA', 'ModelEMAHook',
+    'PerLevelDeformableAttention'
 ]

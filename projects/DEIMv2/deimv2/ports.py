@@ -8,11 +8,6 @@ package's face (its ``__all__``), imported under the names the configs'
 ``custom_imports`` give them so that their components register once; the
 project directories have hyphens, so with ``import_module``, here and
 nowhere else in DEIMv2.
-
-One reach remains: D-FINE's face does not export its decoder
-(``DFINEDecoder``, ``PerLevelDeformableAttention`` and the float16 clamp
-bound), which DEIMv2's decoder subclasses and reuses, so they are taken
-from ``dfine_decoder_layers`` until D-FINE exports them.
 """
 from importlib import import_module
 
@@ -26,11 +21,9 @@ DFINE = _dfine.DFINE
 DFINEHybridEncoder = _dfine.DFINEHybridEncoder
 HGNetv2 = _dfine.HGNetv2
 MLP = _dfine.MLP
-
-_dfine_decoder = import_module('projects.D-FINE.dfine.dfine_decoder_layers')
-DFINEDecoder = _dfine_decoder.DFINEDecoder
-PerLevelDeformableAttention = _dfine_decoder.PerLevelDeformableAttention
-FP16_MAX = _dfine_decoder.FP16_MAX
+DFINEDecoder = _dfine.DFINEDecoder
+PerLevelDeformableAttention = _dfine.PerLevelDeformableAttention
+FP16_MAX = _dfine.FP16_MAX
 
 _deim = import_module('projects.DEIM.deim')
 DEIMHead = _deim.DEIMHead
