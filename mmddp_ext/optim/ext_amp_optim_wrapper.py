@@ -181,8 +181,8 @@ def back_off_loss_scale(optim_wrapper) -> Optional[float]:
         enabled dynamic loss scaler (float32, or a static scale).
     """
     scaler = getattr(optim_wrapper, 'loss_scaler', None)
-    if (scaler is None or not scaler.is_enabled()
-            or getattr(optim_wrapper, '_scale_update_param', None) is not None):
+    static = getattr(optim_wrapper, '_scale_update_param', None) is not None
+    if scaler is None or not scaler.is_enabled() or static:
         return None
     state = scaler.state_dict()
     state['scale'] = state['scale'] * state['backoff_factor']

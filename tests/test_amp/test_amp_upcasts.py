@@ -196,3 +196,14 @@ def test_co_dino_roi_features_are_float32_under_autocast():
         stock = StandardRoIHead._bbox_forward(head, feats, rois)
     assert port['bbox_feats'].dtype == torch.float32
     assert stock['bbox_feats'].dtype == torch.float16
+
+
+def test_full_precision_upcasts_reduced_dtypes_only():
+    """The upcasts keep float64 (the ports' equivalence runs with upstream
+    are in float64; ``.float()`` would round them to float32)."""
+    from mmddp_ext.utils import full_precision
+    for dtype, expected in ((torch.float16, torch.float32),
+                            (torch.bfloat16, torch.float32),
+                            (torch.float32, torch.float32),
+                            (torch.float64, torch.float64)):
+        assert full_precision(torch.ones(2, dtype=dtype)).dtype == expected

@@ -3,6 +3,7 @@ skips while the scale settles are not the hook's (they never stop
 training), a non-finite loss on one rank is skipped once, by the hook, on
 every rank, and the scale backs off once, alike on every rank."""
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ import torch.distributed as dist
 import torch.nn as nn
 from mmengine.logging import MessageHub
 from mmengine.model import BaseModel
-from types import SimpleNamespace
 
 from mmddp_ext.hooks import NonFiniteSkipHook
 from mmddp_ext.optim import ExtAmpOptimWrapper

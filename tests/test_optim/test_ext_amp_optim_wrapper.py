@@ -8,7 +8,6 @@ import torch
 import torch.nn as nn
 from mmengine.config import ConfigDict
 from mmengine.logging import MessageHub
-from mmengine.optim import OptimWrapper
 
 from mmddp_ext.optim import ExtAmpOptimWrapper
 from mmddp_ext.optim.ext_amp_optim_wrapper import (LOSS_SCALE_SCALAR,

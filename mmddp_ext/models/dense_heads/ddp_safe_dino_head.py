@@ -8,6 +8,7 @@ from mmdet.utils import InstanceList
 from mmengine.structures import InstanceData
 from torch import Tensor
 
+from ...utils.precision import full_precision
 from ..layers.ddp_safe_cdn_query_generator import DUMMY_DN_GROUP_KEY
 
 # Group collation info from the query generator (ints and one bool).
@@ -68,7 +69,7 @@ class DDPSafeDINOHead(DINOHead):
             tuple[Tensor]: Both in float32 (unchanged when already full
             precision).
         """
-        return _full_precision(cls_score), _full_precision(bbox_pred)
+        return full_precision(cls_score), full_precision(bbox_pred)
 
     def _get_targets_single(self, cls_score: Tensor, bbox_pred: Tensor,
                             gt_instances: InstanceData,
@@ -131,11 +132,3 @@ class DDPSafeDINOHead(DINOHead):
         if dn_cls_scores.numel() == 0:
             loss_cls = dn_cls_scores.sum()
         return loss_cls, loss_bbox, loss_iou
-
-
-def _full_precision(tensor: Tensor) -> Tensor:
-    """``tensor`` in float32 when it is in a reduced precision (float16,
-    bfloat16: autocast's dtypes), else unchanged."""
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        return tensor.float()
-    return tensor

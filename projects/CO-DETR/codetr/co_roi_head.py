@@ -10,6 +10,8 @@ from mmdet.structures import SampleList
 from mmdet.utils import InstanceList
 from torch import Tensor
 
+from mmddp_ext.utils import full_precision
+
 # Upstream caps the proposals handed to the query head per image.
 MAX_PROPOSALS = 2000
 
@@ -80,7 +82,8 @@ class CoStandardRoIHead(StandardRoIHead):
         CO-DINO-tiny step). Upstream CO-DETR (MMDetection 2.x) ran the RoI
         extractor in float32 under fp16 training (``force_fp32``); the box
         head's layers still run in the autocast dtype."""
-        return super()._bbox_forward(tuple(feat.float() for feat in x), rois)
+        return super()._bbox_forward(
+            tuple(full_precision(feat) for feat in x), rois)
 
     @staticmethod
     def _pos_coords(sampling_results: List[SamplingResult],

@@ -13,6 +13,8 @@ from mmdet.utils import InstanceList, OptConfigType, OptMultiConfig
 from mmengine.logging import print_log
 from torch import Tensor
 
+from mmddp_ext.utils import full_precision
+
 EVAL_MODULES = ('detr', 'one-stage', 'two-stage')
 
 
@@ -204,7 +206,7 @@ class CoDETR(BaseDetector):
             # float32 as well.
             with torch.autocast(x[0].device.type, enabled=False):
                 rpn_losses, proposals = self.rpn_head.loss_and_predict(
-                    tuple(feat.float() for feat in x),
+                    tuple(full_precision(feat) for feat in x),
                     rpn_samples,
                     proposal_cfg=proposal_cfg)
             losses.update({

@@ -5,6 +5,8 @@ import torch.nn.functional as F
 from mmdet.registry import MODELS
 from torch import Tensor, nn
 
+from mmddp_ext.utils import full_precision
+
 Number = Union[float, Tensor]
 
 
@@ -76,12 +78,12 @@ class DecoupledDistillationFocalLoss(nn.Module):
             ``pred`` is empty or no edge is matched.
         """
         t = self.temperature
-        # float32 under autocast too: CUDA autocast runs softmax and
+        # Full precision under autocast too: CUDA autocast runs softmax and
         # log_softmax in float32, CPU autocast in the input's float16, where
         # the rounding of the two distributions alone gives KL(p || p) about
         # 1e-3 instead of 0 (measured on D-FINE-tiny, whose layers start
         # with identical edge distributions): noise the size of the signal.
-        pred, teacher = pred.float(), teacher.detach().float()
+        pred, teacher = full_precision(pred), full_precision(teacher.detach())
         per_edge = F.kl_div(
             F.log_softmax(pred / t, dim=1),
             F.softmax(teacher / t, dim=1),
