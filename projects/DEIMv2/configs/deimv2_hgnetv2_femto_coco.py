@@ -30,10 +30,10 @@ train_pipeline = [
     dict(type='PhotoMetricDistortion'),
     dict(type='Expand', mean=[0, 0, 0], ratio_range=(1, 4), prob=0.5),
     dict(type='RandomIoUCrop', prob=0.8),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(10, 10), keep_empty=True),
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(10, 10), keep_empty=False),
     dict(type='RandomFlip', prob=0.5),
     dict(type='Resize', scale=(image_size, image_size), keep_ratio=False),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(10, 10), keep_empty=True),
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(10, 10), keep_empty=False),
     dict(type='PackDetInputs')
 ]
 test_pipeline = [

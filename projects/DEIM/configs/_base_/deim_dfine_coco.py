@@ -41,10 +41,13 @@ train_pipeline = [
     # upstream RandomZoomOut(fill=0): canvas 1-4 x, p 0.5
     dict(type='Expand', mean=[0, 0, 0], ratio_range=(1, 4), prob=0.5),
     dict(type='RandomIoUCrop', prob=0.8),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=True),
+    # keep_empty=False keeps an image whose boxes all filter out, with no
+    # boxes, as upstream's SanitizeBoundingBoxes (True drops the sample:
+    # mmdet re-draws it, and a rank of GT-less images runs out of tries)
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=False),
     dict(type='RandomFlip', prob=0.5),
     dict(type='Resize', scale=(640, 640), keep_ratio=False),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=True),
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=False),
     dict(type='PackDetInputs')
 ]
 policy_ops = ['DEIMMosaic', 'PhotoMetricDistortion', 'Expand', 'RandomIoUCrop']

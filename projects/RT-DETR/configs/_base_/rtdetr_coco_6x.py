@@ -23,7 +23,10 @@ train_pipeline = [
     dict(
         type='RandomApply', transforms=dict(type='MinIoURandomCrop'),
         prob=0.8),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=True),
+    # keep_empty=False keeps an image whose boxes all filter out, with no
+    # boxes, as upstream's SanitizeBoundingBoxes (True drops the sample:
+    # mmdet re-draws it, and a rank of GT-less images runs out of tries)
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=False),
     dict(type='RandomFlip', prob=0.5),
     dict(type='Resize', scale=(640, 640), keep_ratio=False),
     dict(type='PackDetInputs')

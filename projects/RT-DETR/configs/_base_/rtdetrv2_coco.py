@@ -32,7 +32,10 @@ param_scheduler = [
 no_aug_pipeline = [
     dict(type='LoadImageFromFile', backend_args=None),
     dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=True),
+    # keep_empty=False keeps an image whose boxes all filter out, with no
+    # boxes, as upstream's SanitizeBoundingBoxes (True drops the sample:
+    # mmdet re-draws it, and a rank of GT-less images runs out of tries)
+    dict(type='FilterAnnotations', min_gt_bbox_wh=(1, 1), keep_empty=False),
     dict(type='RandomFlip', prob=0.5),
     dict(type='Resize', scale=(640, 640), keep_ratio=False),
     dict(type='PackDetInputs')
