@@ -29,6 +29,7 @@ from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
 from .ddp_setup import (checked_ext_cfg, ext_hooks, resolve_ddp_setup,
                         resolve_precision, train_collate_cfg)
+from .epoch_restart import without_epoch_pause
 from .formatted_once_config import FormattedOnceConfig
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
@@ -54,6 +55,8 @@ class ExtRunner(Runner):
     - ``wrap_model``: the wrapper, its ``device_ids`` and ``sync_bn`` as
       :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup` rules.
     - ``build_optim_wrapper``: AMP recipes on CPU ranks.
+    - ``build_train_loop``: no 2 s pause per epoch of an iteration-based
+      loop without dataloader workers.
     - ``dump_config``: ``'mmddp_ext'`` in ``custom_imports``.
     - ``register_hooks``: the hooks of
       :func:`~mmddp_ext.runner.ddp_setup.ext_hooks`.
@@ -181,6 +184,13 @@ class ExtRunner(Runner):
                 level=logging.WARNING)
             self.cfg.sync_bn = None
         return super().wrap_model(setup.wrapper_cfg, model)
+
+    def build_train_loop(self, loop):
+        """``Runner.build_train_loop``; an ``IterBasedTrainLoop`` whose
+        dataloader has no worker processes goes to its next epoch without
+        MMEngine's 2 s pause (:func:`~.epoch_restart.without_epoch_pause`).
+        """
+        return without_epoch_pause(super().build_train_loop(loop))
 
     def build_optim_wrapper(self, optim_wrapper):
         """Differs from ``Runner.build_optim_wrapper`` for an
