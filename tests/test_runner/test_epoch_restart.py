@@ -1,13 +1,12 @@
 """An iteration-based ExtRunner run without dataloader workers goes to its
 next epoch without MMEngine's 2 s pause; the sampler's epoch still
 advances. Stock ``Runner`` (the control) pauses at every epoch end."""
+import mmengine.runner.loops as loops
 import pytest
 import torch
 import torch.nn as nn
 from mmengine.dataset import DefaultSampler
 from mmengine.model import BaseModel
-
-import mmengine.runner.loops as loops
 
 
 class _Linear(BaseModel):
