@@ -60,7 +60,10 @@ def _train(root: str,
     options = data_options(root) + tiny_options(ITERS) + [
         f'train_dataloader.sampler.shuffle={shuffle}',
         'model_wrapper_cfg.type=MMDistributedDataParallel',
-        'model_wrapper_cfg.find_unused_parameters=False', *extra
+        'model_wrapper_cfg.find_unused_parameters=False',
+        # float32 ranks: DDP on empty ranks is the subject here, the AMP
+        # recipe's float16 path tests/test_amp's
+        'mmddp_ext_cfg.cpu_amp=False', *extra
     ]
     output = dist_train(
         _probe_config(root, model_type),
