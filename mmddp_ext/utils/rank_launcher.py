@@ -18,6 +18,7 @@ import glob
 import os
 import os.path as osp
 import pickle
+import random
 import signal
 import socket
 import subprocess
@@ -70,11 +71,50 @@ class MultiRankError(RuntimeError):
     """A multi-rank run failed or timed out; the message holds the logs."""
 
 
+# Where the kernel draws ephemeral ports when it is not told otherwise.
+EPHEMERAL_RANGE_FILE = '/proc/sys/net/ipv4/ip_local_port_range'
+LINUX_EPHEMERAL_RANGE = (32768, 60999)
+LOWEST_PORT = 10000
+
+
+def ephemeral_port_range() -> range:
+    """The ports the kernel hands out to ``bind(0)`` and ``connect()``."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        low, high = LINUX_EPHEMERAL_RANGE
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    """A TCP port on localhost that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
+    """A TCP port on localhost that is free right now, outside the kernel's
+    ephemeral range.
+
+    A port from ``bind(0)`` lies in the ephemeral range, where every
+    outgoing connection (gloo opens one per rank pair) draws its local
+    port: between this call and the launcher's own ``bind`` another run's
+    connection could take it ("EADDRINUSE" from torchrun's store, seen with
+    three test workers starting ranks side by side). A random bindable port
+    below (or above) that range is only taken by another explicit ``bind``.
+    """
+    ephemeral = ephemeral_port_range()
+    candidates = (range(LOWEST_PORT, ephemeral.start)
+                  if ephemeral.start - LOWEST_PORT >= 1000 else range(
+                      ephemeral.stop, 65536))
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.choice(candidates)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(
+        f'no free TCP port in {candidates.start}-{candidates.stop - 1} '
+        'after 200 tries; free some ports or set the launcher\'s port '
+        'explicitly (PORT=... for tools/dist_train.sh).')
 
 
 def _children(pid: int) -> List[int]:
