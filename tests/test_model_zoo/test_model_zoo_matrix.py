@@ -85,7 +85,7 @@ def epoch_iters(log: str):
 # repository on PYTHONPATH, and the with_cp config. 9 launches, not 18:
 # the suite's time budget.
 MMDET_TRAIN_CASES = ('deformable_detr', 'dab_detr', 'retinanet_x101_with_cp',
-                     'co_dino_codetr_style')
+                     'atss', 'co_dino_codetr_style')
 MATRIX = [(case, 'mmdet_train.py' if case.name in MMDET_TRAIN_CASES else
            'dist_train.sh') for case in CASES]
 
