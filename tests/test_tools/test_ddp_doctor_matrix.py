@@ -37,8 +37,16 @@ representative with the real run's options):
   test_upstream_lsj_config_trains_on_two_ranks_one_without_gt); the
   doctor runs on both with the same options, no new real run.
 - The model-zoo matrix (tests/test_model_zoo/zoo_cases.py) without the
-  opt-in: a real run each, here (9), and the doctor on the same leaf
-  config.
+  opt-in: one config per kind of code that decides DDP behaviour there
+  (5 of its 9), a real run each, here, and the doctor on the same leaf
+  config: DINO (denoising queries, mmdet's own head), Conditional DETR
+  (a parameter no layer uses: both stop), RetinaNet ResNeXt with
+  ``with_cp`` (checkpointed blocks), Mask R-CNN (RPN + RoI box and mask
+  heads) and the CO-DETR-style config (CO-DINO's auxiliary heads).
+  Deformable DETR is DINO without denoising, DAB-DETR stops for Conditional
+  DETR's reason (``decoder.query_scale``), Faster R-CNN is Mask R-CNN
+  without masks and ATSS a dense head as RetinaNet: left out for the
+  suite's time budget (until 2026-11-27 all 9 ran: the same verdicts).
 """
 import os.path as osp
 from typing import Dict
@@ -157,7 +165,15 @@ def test_shipped_co_dino_configs_against_their_runs(data, tmp_path):
     assert doctor == 0, report[-4000:]
 
 
-@pytest.mark.parametrize('case', CASES, ids=[c.name for c in CASES])
+DOCTOR_CASES = [
+    c for c in CASES if c.name in ('dino', 'conditional_detr',
+                                   'retinanet_x101_with_cp', 'mask_rcnn',
+                                   'co_dino_codetr_style')
+]
+
+
+@pytest.mark.parametrize(
+    'case', DOCTOR_CASES, ids=[c.name for c in DOCTOR_CASES])
 def test_zoo_configs_without_the_opt_in(case, data, tmp_path):
     text = leaf_config(case, osp.join(data, 'train'))
     recipe_base = repr([case.config, RECIPE])
