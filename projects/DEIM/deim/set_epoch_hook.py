@@ -24,12 +24,16 @@ class SetEpochHook(Hook):
     Upstream D-FINE / DEIM call ``train_dataloader.set_epoch(epoch)``
     before every epoch, which passes the epoch to the dataset (its
     transforms ``policy``) and to the collate function (MixUp window,
-    multi-scale stop). Here, before every train epoch and on every rank,
-    ``set_epoch(runner.epoch)`` is called on each dataset in the train
-    loader (wrappers included, e.g. :class:`EpochPolicyDataset`) and on
-    each of the model's ``data_preprocessor.batch_augments`` that has it
-    (e.g. :class:`CollateBatchAugment`). The epoch comes from the runner,
-    so a resumed run continues with the policy of the epoch it resumes
+    multi-scale stop); DEIMv2's solver also passes it to the criterion,
+    whose matcher changes its cost at an epoch. Here, before every train
+    epoch and on every rank, ``set_epoch(runner.epoch)`` is called on each
+    dataset in the train loader (wrappers included, e.g.
+    :class:`EpochPolicyDataset`), on each of the model's
+    ``data_preprocessor.batch_augments`` that has it (e.g.
+    :class:`CollateBatchAugment`) and on every other submodule of the
+    model that has it (e.g. DEIMv2's head, for its matcher), once each.
+    The epoch comes from the runner, the same on every rank, so a resumed
+    run continues with the policy and matching of the epoch it resumes
     at. When a dataset's ``set_epoch`` returns True (the ops of its
     samples change) and the loader keeps persistent workers, the workers
     are restarted so that they see it (mmdet's ``PipelineSwitchHook``
@@ -39,7 +43,8 @@ class SetEpochHook(Hook):
     priority = 'NORMAL'
 
     def before_train_epoch(self, runner) -> None:
-        """Set the epoch on the data and the batch augments."""
+        """Set the epoch on the data, the batch augments and the model's
+        modules that take it."""
         epoch = runner.epoch
         loader = runner.train_dataloader
         changed = False
@@ -49,9 +54,12 @@ class SetEpochHook(Hook):
         model = runner.model.module if is_model_wrapper(
             runner.model) else runner.model
         preprocessor = getattr(model, 'data_preprocessor', None)
-        for augment in getattr(preprocessor, 'batch_augments', None) or ():
-            if hasattr(augment, 'set_epoch'):
-                augment.set_epoch(epoch)
+        augments = list(getattr(preprocessor, 'batch_augments', None) or ())
+        told = set()
+        for part in augments + list(model.modules()):
+            if id(part) not in told and hasattr(part, 'set_epoch'):
+                told.add(id(part))
+                part.set_epoch(epoch)
         if changed and getattr(loader, 'persistent_workers', False):
             # the next iter(loader) starts new workers (torch's DataLoader
             # keeps persistent ones in _iterator)

@@ -7,11 +7,14 @@ the D-FINE, DEIM and RT-DETR ports', which it builds on).
 from .deimv2 import DEIMv2
 from .deimv2_head import DEIMv2Head
 from .deimv2_hgnetv2 import DEIMv2HGNetv2
+from .deimv2_hungarian_assigner import DEIMv2HungarianAssigner
 from .deimv2_hybrid_encoder import DEIMv2HybridEncoder
 from .dinov3_stas import DINOv3STAs
 from .lite_encoder import DEIMv2LiteEncoder
+from .score_iou_product_cost import ScoreIoUProductCost
 
 __all__ = [
-    'DEIMv2', 'DEIMv2Head', 'DEIMv2HGNetv2', 'DEIMv2HybridEncoder',
-    'DINOv3STAs', 'DEIMv2LiteEncoder'
+    'DEIMv2', 'DEIMv2Head', 'DEIMv2HGNetv2', 'DEIMv2HungarianAssigner',
+    'DEIMv2HybridEncoder', 'DINOv3STAs', 'DEIMv2LiteEncoder',
+    'ScoreIoUProductCost'
 ]

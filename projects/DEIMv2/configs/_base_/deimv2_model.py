@@ -2,7 +2,8 @@
 # HGNetv2-B4 (stages 1-3), 256-d hybrid encoder (version deim, csp2, sum),
 # 6-layer decoder with RMSNorm, SwiGLU FFNs (2048) and the gateway, points
 # [3, 6, 3], SiLU MLPs, DEIMv2Head with MAL (gamma 1.5) and D-FINE's FGL /
-# DDF. Model only; the size configs override what their YAML does.
+# DDF on the union matching, the matcher change at epoch 45. Model only;
+# the size configs override what their YAML does.
 custom_imports = dict(
     imports=['projects.DEIMv2.deimv2'], allow_failed_imports=False)
 embed_dims = 256
@@ -62,6 +63,10 @@ model = dict(
         embed_dims=embed_dims,
         share_bbox_head=False,
         share_score_head=False,
+        # DEIMCriterion losses and use_uni_set (the light sizes change
+        # both)
+        losses=['mal', 'boxes', 'local'],
+        use_uni_set=True,
         # DEIMCriterion weight_dict: mal 1, bbox 5, giou 2, fgl 0.15,
         # ddf 1.5; MAL gamma 1.5
         loss_cls=dict(
@@ -79,10 +84,14 @@ model = dict(
         box_noise_scale=1.0,
         group_cfg=dict(dynamic=True, num_groups=None, num_dn_queries=100)),
     # upstream HungarianMatcher: cost_class 2 (focal, alpha 0.25, gamma 2),
-    # cost_bbox 5, cost_giou 2
+    # cost_bbox 5, cost_giou 2; from matcher_change_epoch on (the sizes set
+    # their own), -(p * IoU^4) instead
     train_cfg=dict(
         assigner=dict(
-            type='HungarianAssigner',
+            type='DEIMv2HungarianAssigner',
+            change_matcher=True,
+            iou_order_alpha=4.0,
+            matcher_change_epoch=45,
             match_costs=[
                 dict(
                     type='FocalLossCost',

@@ -15,6 +15,11 @@ the merged includes in a default argument). For each the file records:
   ``use_amp``, ``clip_max_norm``, ``sync_bn``, the optimizer, the train
   transforms' ``policy`` and ``mosaic_prob``, the collate function's keys,
   ``total_batch_size``, ``eval_spatial_size``;
+- ``criterion``: the options of the ``DEIMCriterion`` and
+  ``HungarianMatcher`` upstream's ``create`` builds (defaults and includes
+  resolved): ``losses``, ``use_uni_set``, ``weight_dict``, ``gamma``,
+  ``alpha``; the matcher's cost weights, focal ``alpha`` / ``gamma``,
+  ``change_matcher``, ``iou_order_alpha``, ``matcher_change_epoch``;
 - ``param_groups``: the lr, weight decay and betas of each group of the
   optimizer upstream builds (its ``YAMLConfig.get_optim_params`` on its own
   model, ``create``-d from the YAML with ``HGNetv2.pretrained: False`` and
@@ -86,6 +91,7 @@ def one_config(root: str, size: str) -> dict:
     optimizer = torch.optim.AdamW(
         [dict(g, params=list(g['params'])) for g in groups], **options)
     names = {id(p): n for n, p in model.named_parameters()}
+    criterion, matcher = built['criterion'], built['criterion'].matcher
     train = cfg.get('train_dataloader', {})
     transforms = train.get('dataset', {}).get('transforms', {})
     return dict(
@@ -96,6 +102,22 @@ def one_config(root: str, size: str) -> dict:
                   mosaic_prob=transforms.get('mosaic_prob'),
                   collate_fn=train.get('collate_fn'),
                   total_batch_size=train.get('total_batch_size')),
+        criterion=dict(
+            losses=list(criterion.losses),
+            use_uni_set=criterion.use_uni_set,
+            weight_dict=dict(criterion.weight_dict),
+            gamma=criterion.gamma,
+            alpha=criterion.alpha,
+            matcher=dict(
+                cost_class=matcher.cost_class,
+                cost_bbox=matcher.cost_bbox,
+                cost_giou=matcher.cost_giou,
+                use_focal_loss=matcher.use_focal_loss,
+                alpha=matcher.alpha,
+                gamma=matcher.gamma,
+                change_matcher=matcher.change_matcher,
+                iou_order_alpha=matcher.iou_order_alpha,
+                matcher_change_epoch=matcher.matcher_change_epoch)),
         param_groups=[
             dict(
                 lr=g['lr'],
