@@ -13,33 +13,19 @@ import pytest
 
 from mmddp_ext.testing import free_port, kill_process_tree, run_command
 from mmddp_ext.utils import load_checkpoint_file
+from ..helpers import (REPO_ROOT, TINY_CONFIG, coco_metrics, data_options,
+                       dist_train, gt_as_predictions, logged_iters,
+                       tiny_options)
 
-from ..helpers import (REPO_ROOT, TINY_CONFIG, checkpoints, coco_metrics,
-                       data_options, dist_train, gt_as_predictions,
-                       logged_iters, tiny_options)
 
-
-# 3 ranks through tools/dist_train.sh: test_co_dino_dist_train.py and
-# test_rtdetr_dist.py (kept to one run per world size for the time budget).
-@pytest.mark.parametrize('nproc', [2])
-def test_tiny_dino_trains_on_cpu_ranks(synthetic_root, tmp_path, nproc):
-    work_dir = str(tmp_path / 'work')
-    result = dist_train(TINY_CONFIG, nproc, work_dir,
-                        data_options(synthetic_root) + tiny_options(3))
-    out = result.stdout
-    assert f'gloo process group, rank 0/{nproc}' in out
-    assert 'CUDA is not available' in out
-    assert logged_iters(out) == [1, 2, 3]  # loss reported every iteration
-    # Written through mmddp_ext, so it loads with weights_only=True.
-    ckpt_path = checkpoints(work_dir)[-1]
-    ckpt = load_checkpoint_file(ckpt_path)
-    assert ckpt['meta']['iter'] == 3
-
-    # The same ranks evaluate it with tools/dist_test.sh: pycocotools mAP.
+def _evaluate_with_dist_test(root, ckpt_path, nproc, tmp_path):
+    """tools/dist_test.sh on ``nproc`` ranks: pycocotools mAP of the
+    checkpoint, one prediction per val image gathered from every rank, the
+    printed mAP equal to pycocotools' mAP of the dumped predictions."""
     preds = str(tmp_path / 'preds.pkl')
     cmd = ['bash', osp.join(REPO_ROOT, 'tools', 'dist_test.sh'), TINY_CONFIG,
            ckpt_path, str(nproc), '--work-dir', str(tmp_path / 'test'),
-           '--out', preds, '--cfg-options', *data_options(synthetic_root)]
+           '--out', preds, '--cfg-options', *data_options(root)]
     result = run_command(cmd, timeout=90, cwd=REPO_ROOT,
                          env={'PORT': str(free_port()),
                               'PYTHON': sys.executable})
@@ -48,12 +34,10 @@ def test_tiny_dino_trains_on_cpu_ranks(synthetic_root, tmp_path, nproc):
     assert f'Load checkpoint from {ckpt_path}' in result.stdout
     with open(preds, 'rb') as f:
         predictions = pickle.load(f)
-    # One entry per val image, gathered from both ranks.
-    ann_file = osp.join(synthetic_root, 'val', 'annotations.json')
+    ann_file = osp.join(root, 'val', 'annotations.json')
     assert sorted(p['img_id'] for p in predictions) == sorted(
         s['img_id'] for s in gt_as_predictions(ann_file))
-    # The printed mAP is pycocotools' mAP of the dumped predictions (the
-    # evaluator itself is checked by the GT-as-predictions test below).
+    # The evaluator itself is checked by the GT-as-predictions test below.
     recomputed = coco_metrics(TINY_CONFIG, ann_file, predictions)
     assert float(found[1]) == pytest.approx(
         recomputed['coco/bbox_mAP'], abs=6e-4)
@@ -113,6 +97,10 @@ def _optimizer_steps(ckpt):
 
 
 def test_resume_after_kill_continues(synthetic_root, tmp_path):
+    """2 CPU ranks through tools/dist_train.sh, killed after a checkpoint,
+    resumed with --resume to the end; the final checkpoint evaluated on 2
+    ranks through tools/dist_test.sh (3 ranks through dist_train.sh:
+    test_co_dino_dist_train.py and test_rtdetr_dist.py)."""
     work_dir = str(tmp_path / 'work')
     iters = 8
     cmd = ['bash', osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), TINY_CONFIG,
@@ -139,6 +127,8 @@ def test_resume_after_kill_continues(synthetic_root, tmp_path):
                         tiny_options(iters, ckpt_every=2),
                         extra_args=['--resume'])
     out = result.stdout
+    assert 'gloo process group, rank 0/2' in out
+    assert 'CUDA is not available' in out
     assert f'resumed epoch: 0, iter: {killed_at}' in out
     assert logged_iters(out) == list(range(killed_at + 1, iters + 1))
     final = load_checkpoint_file(osp.join(work_dir, f'iter_{iters}.pth'))
@@ -148,6 +138,10 @@ def test_resume_after_kill_continues(synthetic_root, tmp_path):
     # The logged loss history was resumed too (one entry per iteration).
     loss_history = final['message_hub']['log_scalars']['train/loss']
     assert len(loss_history['log_history']) == iters
+    # Written through mmddp_ext: it loads with weights_only=True (above).
+    _evaluate_with_dist_test(synthetic_root,
+                             osp.join(work_dir, f'iter_{iters}.pth'), 2,
+                             tmp_path)
 
 
 def test_missing_config_is_refused(tmp_path):
