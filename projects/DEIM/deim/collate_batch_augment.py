@@ -73,14 +73,38 @@ class CollateBatchAugment(nn.Module):
         self, inputs: Tensor, data_samples: List[DetDataSample]
     ) -> Tuple[Tensor, List[DetDataSample]]:
         """MixUp, then the multi-scale resize (see the class doc)."""
-        if random.random() < self.mixup_prob and (
-                self.mixup_epochs[0] <= self.epoch < self.mixup_epochs[-1]):
-            beta = round(random.uniform(0.45, 0.55), 6)
-            inputs, data_samples = mixup(inputs, data_samples, beta)
+        inputs, data_samples = self.mix(inputs, data_samples)
         if self.resize is not None and (self.stop_epoch is None
                                         or self.epoch < self.stop_epoch):
             inputs, data_samples = self.resize(inputs, data_samples)
         return inputs, data_samples
+
+    def mix(
+        self, inputs: Tensor, data_samples: List[DetDataSample]
+    ) -> Tuple[Tensor, List[DetDataSample]]:
+        """Step 1 of the class doc: MixUp when its draw and its epoch window
+        say so. The seam for a batch mix of another recipe (DEIMv2's
+        Copy-Blend, tried when MixUp does not apply)."""
+        if self.mixup_applies():
+            return self.apply_mixup(inputs, data_samples)
+        return inputs, data_samples
+
+    def apply_mixup(
+        self, inputs: Tensor, data_samples: List[DetDataSample]
+    ) -> Tuple[Tensor, List[DetDataSample]]:
+        """MixUp with a freshly drawn weight (see :func:`mixup`)."""
+        return mixup(inputs, data_samples, self.draw_mix_weight())
+
+    def mixup_applies(self) -> bool:
+        """Upstream's MixUp test: ``random.random() < mixup_prob``, drawn
+        for every batch, then the epoch window."""
+        return random.random() < self.mixup_prob and (
+            self.mixup_epochs[0] <= self.epoch < self.mixup_epochs[-1])
+
+    @staticmethod
+    def draw_mix_weight() -> float:
+        """Upstream's mix weight: ``round(random.uniform(0.45, 0.55), 6)``."""
+        return round(random.uniform(0.45, 0.55), 6)
 
 
 def mixup(inputs: Tensor, data_samples: List[DetDataSample],

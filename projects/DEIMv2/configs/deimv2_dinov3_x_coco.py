@@ -6,8 +6,9 @@
 # 0.5) in [4, 29], multi-scale (base_size_repeat 3) until epoch 50; flat-
 # cosine lr: warm-up 2000 iterations, flat until epoch 29, last 8 epochs at
 # lr_gamma 0.5; AdamW lr 0.0005, weight decay 0.000125; 4 images per GPU on 8
-# GPUs. Not yet here: Copy-Blend (prob 0.5, epochs [4, 50]), ema_restart_decay
-# 0.9999, the matcher change at epoch 45.
+# GPUs; Copy-Blend (probability 0.5) in [4, 50]. Criterion: the matcher change
+# at epoch 45 (cost -(p * IoU^4) from then on). Not ported: ema_restart_decay
+# 0.9999 (no effect upstream, see the README).
 _base_ = ['./_base_/deimv2_coco.py']
 custom_imports = dict(
     imports=[
@@ -24,12 +25,18 @@ model = dict(
         std=[58.395, 57.12, 57.375],
         batch_augments=[
             dict(
-                type='CollateBatchAugment',
+                type='DEIMv2CollateBatchAugment',
                 mixup_prob=0.5,
                 mixup_epochs=[4, 29],
                 scales=[480, 512, 544, 576, 608] + [640] * 3 +
                 [800, 768, 736, 704, 672],
-                stop_epoch=50)
+                stop_epoch=50,
+                copyblend_prob=0.5,
+                copyblend_epochs=[4, 50],
+                area_threshold=100,
+                num_objects=3,
+                with_expand=True,
+                expand_ratios=[0.1, 0.25])
         ]),
     num_queries=300,
     num_feature_levels=num_levels,

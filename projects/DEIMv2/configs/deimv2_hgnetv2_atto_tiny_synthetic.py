@@ -3,8 +3,9 @@
 # demos and multi-rank tests: 96-px images, 30 queries, 10 dn queries; the
 # epoch policy as DEIM's tiny config (Mosaic with probability 0.5 instead
 # of zoom-out and IoU crop in epoch 0, photometric distortion / zoom-out /
-# IoU crop in epoch 1, none after), collate-time MixUp in epoch 0,
-# multi-scale batches until epoch 1, flat-cosine lr, ModelEMA,
+# IoU crop in epoch 1, none after), collate-time MixUp in epoch 0 and
+# Copy-Blend in epoch 1 (upstream Atto has neither; on here so that the demo
+# runs both), multi-scale batches until epoch 1, flat-cosine lr, ModelEMA,
 # SetEpochHook. Two epochs.
 #   python tools/make_synthetic_coco.py data/synthetic
 #   bash tools/dist_train.sh \
@@ -42,11 +43,17 @@ model = dict(
     num_queries=30,
     data_preprocessor=dict(batch_augments=[
         dict(
-            type='CollateBatchAugment',
+            type='DEIMv2CollateBatchAugment',
             mixup_prob=0.5,
             mixup_epochs=[0, 1],
             scales=[96, 96, 128],
-            stop_epoch=1)
+            stop_epoch=1,
+            copyblend_prob=0.5,
+            copyblend_epochs=[1, 2],
+            area_threshold=100,
+            num_objects=3,
+            with_expand=True,
+            expand_ratios=[0.1, 0.25])
     ]),
     dn_cfg=dict(group_cfg=dict(num_dn_queries=10)),
     test_cfg=dict(max_per_img=30))

@@ -6,8 +6,9 @@
 # 0.5) in [4, 49], multi-scale (base_size_repeat 6) until epoch 90; flat-
 # cosine lr: warm-up 2000 iterations, flat until epoch 49, last 12 epochs at
 # lr_gamma 0.5; AdamW lr 0.0004, weight decay 0.0001; 4 images per GPU on 8
-# GPUs. Not yet here: Copy-Blend (prob 0.5, epochs [4, 90]), ema_restart_decay
-# 0.9999, the matcher change at epoch 80.
+# GPUs; Copy-Blend (probability 0.5) in [4, 90]. Criterion: the matcher change
+# at epoch 80 (cost -(p * IoU^4) from then on). Not ported: ema_restart_decay
+# 0.9999 (no effect upstream, see the README).
 _base_ = ['./_base_/deimv2_coco.py']
 custom_imports = dict(
     imports=[
@@ -20,12 +21,18 @@ num_levels = 3
 model = dict(
     data_preprocessor=dict(batch_augments=[
         dict(
-            type='CollateBatchAugment',
+            type='DEIMv2CollateBatchAugment',
             mixup_prob=0.5,
             mixup_epochs=[4, 49],
             scales=[480, 512, 544, 576, 608] + [640] * 6 +
             [800, 768, 736, 704, 672],
-            stop_epoch=90)
+            stop_epoch=90,
+            copyblend_prob=0.5,
+            copyblend_epochs=[4, 90],
+            area_threshold=100,
+            num_objects=3,
+            with_expand=True,
+            expand_ratios=[0.1, 0.25])
     ]),
     num_queries=300,
     num_feature_levels=num_levels,
@@ -47,6 +54,7 @@ model = dict(
             num_points=[3, 6, 3],
             use_gateway=True)),
     bbox_head=dict(embed_dims=embed_dims),
+    train_cfg=dict(assigner=dict(matcher_change_epoch=80)),
     test_cfg=dict(max_per_img=300))
 train_dataloader = dict(
     batch_size=4,

@@ -6,9 +6,10 @@
 # (probability 0.0) in [40000, 15000], multi-scale off until epoch 468; flat-
 # cosine lr: warm-up 4000 iterations, flat until epoch 250, last 32 epochs at
 # lr_gamma 0.5; AdamW lr 0.0016, weight decay 0.0001; 16 images per GPU on 8
-# GPUs. Not yet here: Copy-Blend (prob 0.0 (off), epochs [40000, 15000]),
-# ema_restart_decay 0.9999, the matcher change at epoch 450, use_uni_set
-# False.
+# GPUs; Copy-Blend (probability 0.0) in [40000, 15000]. Criterion: the matcher
+# change at epoch 450 (cost -(p * IoU^4) from then on) and upstream's losses
+# ['mal', 'boxes'] (no FGL / DDF) with use_uni_set False. Not ported:
+# ema_restart_decay 0.9999 (no effect upstream, see the README).
 _base_ = ['./_base_/deimv2_coco.py']
 custom_imports = dict(
     imports=[
@@ -48,11 +49,17 @@ test_pipeline = [
 model = dict(
     data_preprocessor=dict(batch_augments=[
         dict(
-            type='CollateBatchAugment',
+            type='DEIMv2CollateBatchAugment',
             mixup_prob=0.0,
             mixup_epochs=[40000, 15000],
             scales=None,
-            stop_epoch=468)
+            stop_epoch=468,
+            copyblend_prob=0.0,
+            copyblend_epochs=[40000, 15000],
+            area_threshold=100,
+            num_objects=3,
+            with_expand=True,
+            expand_ratios=[0.1, 0.25])
     ]),
     num_queries=200,
     num_feature_levels=num_levels,
@@ -84,10 +91,11 @@ model = dict(
     bbox_head=dict(
         embed_dims=embed_dims,
         share_bbox_head=True,
-        # upstream losses ['mal', 'boxes']: no FGL / DDF term (weight 0
-        # keeps the graph and the loss keys of the other sizes)
-        loss_fgl=dict(loss_weight=0.0),
-        loss_ddf=dict(loss_weight=0.0)),
+        # upstream DEIMCriterion: no FGL / DDF, each output's own matching
+        # for its box terms
+        losses=['mal', 'boxes'],
+        use_uni_set=False),
+    train_cfg=dict(assigner=dict(matcher_change_epoch=450)),
     test_cfg=dict(max_per_img=200))
 train_dataloader = dict(
     batch_size=16,

@@ -5,6 +5,7 @@ Importing this package registers its components in mmdet's registry (and
 the D-FINE, DEIM and RT-DETR ports', which it builds on).
 """
 from .deimv2 import DEIMv2
+from .deimv2_collate_batch_augment import DEIMv2CollateBatchAugment
 from .deimv2_head import DEIMv2Head
 from .deimv2_hgnetv2 import DEIMv2HGNetv2
 from .deimv2_hungarian_assigner import DEIMv2HungarianAssigner
@@ -14,7 +15,7 @@ from .lite_encoder import DEIMv2LiteEncoder
 from .score_iou_product_cost import ScoreIoUProductCost
 
 __all__ = [
-    'DEIMv2', 'DEIMv2Head', 'DEIMv2HGNetv2', 'DEIMv2HungarianAssigner',
-    'DEIMv2HybridEncoder', 'DINOv3STAs', 'DEIMv2LiteEncoder',
-    'ScoreIoUProductCost'
+    'DEIMv2', 'DEIMv2CollateBatchAugment', 'DEIMv2Head', 'DEIMv2HGNetv2',
+    'DEIMv2HybridEncoder', 'DEIMv2HungarianAssigner', 'DINOv3STAs',
+    'DEIMv2LiteEncoder', 'ScoreIoUProductCost'
 ]

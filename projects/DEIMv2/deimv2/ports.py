@@ -26,10 +26,12 @@ PerLevelDeformableAttention = _dfine.PerLevelDeformableAttention
 FP16_MAX = _dfine.FP16_MAX
 
 _deim = import_module('projects.DEIM.deim')
+CollateBatchAugment = _deim.CollateBatchAugment
 DEIMHead = _deim.DEIMHead
 
 __all__ = [
     'ConvNormLayer', 'RepVggBlock', 'build_activation', 'DFINE',
     'DFINEHybridEncoder', 'HGNetv2', 'MLP', 'DFINEDecoder',
-    'PerLevelDeformableAttention', 'FP16_MAX', 'DEIMHead'
+    'PerLevelDeformableAttention', 'FP16_MAX', 'CollateBatchAugment',
+    'DEIMHead'
 ]

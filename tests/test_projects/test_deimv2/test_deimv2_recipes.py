@@ -2,13 +2,15 @@
 their YAML (``data/upstream_recipes.json``, written by
 ``data/make_upstream_recipes.py``; repository and commit in its
 ``source``): every trainable parameter's lr, weight decay and betas, and
-the schedule, EMA, policy, MixUp, multi-scale and batch-size values.
+the schedule, EMA, policy, MixUp, Copy-Blend, multi-scale and batch-size
+values.
 
 Parameters are compared by the port's names: upstream's names go through
 ``tools/convert_dfine_checkpoint.py``'s table (the one DEIMv2 checkpoints
 load through); the configs' optimizer constructor uses its inverse
 (``dfine_upstream_param_names``), so a mistake in either shows."""
 import functools
+import inspect
 import json
 import os.path as osp
 
@@ -19,6 +21,18 @@ from ..test_deim.recipe_checks import (_by_port_name, build_optimizer,
 from .deimv2_utils import DATA, SIZES, coco_meta_model
 
 GPUS = 8  # upstream's total_batch_size is over 8 GPUs
+# Upstream's BatchImageCollateFunction defaults (engine/data/dataloader.py
+# at 0fff8d4) for the Copy-Blend keys, which stand where a YAML leaves a
+# key out (the records hold the YAML's keys only).
+UPSTREAM_COPY_BLEND_DEFAULTS = dict(
+    copyblend_prob=0.0,
+    copyblend_epochs=[0, 0],
+    copyblend_type='blend',
+    area_threshold=100,
+    num_objects=3,
+    with_expand=False,
+    expand_ratios=[0.1, 0.25],
+    random_num_objects=False)
 
 
 @functools.lru_cache(maxsize=1)
@@ -38,6 +52,23 @@ def upstream_scales(base_size: int, repeat):
     high = int(base_size * 1.25 / 32) * 32
     return ([low + 32 * i for i in range(steps)] + [base_size] * repeat +
             [high - 32 * i for i in range(steps)])
+
+
+def copy_blend_differences(batch_augment: dict, collate: dict) -> dict:
+    """The Copy-Blend keys where a config's batch augment (its keys, else
+    ``DEIMv2CollateBatchAugment``'s defaults) and upstream's collate
+    function (the YAML's keys, else upstream's defaults) differ: ``{key:
+    (ours, theirs)}``."""
+    from projects.DEIMv2.deimv2 import DEIMv2CollateBatchAugment
+    defaults = inspect.signature(DEIMv2CollateBatchAugment).parameters
+    found = {}
+    for key, upstream_default in UPSTREAM_COPY_BLEND_DEFAULTS.items():
+        ours = batch_augment.get(key, defaults[key].default)
+        ours = list(ours) if isinstance(ours, (list, tuple)) else ours
+        theirs = collate.get(key, upstream_default)
+        if ours != theirs:
+            found[key] = (ours, theirs)
+    return found
 
 
 def port_param_values(cfg, model) -> dict:
@@ -94,6 +125,8 @@ def test_schedule_policy_and_batch_equal_upstream(size):
     assert augment['stop_epoch'] == collate['stop_epoch']
     assert augment['scales'] == upstream_scales(collate['base_size'],
                                                 collate['base_size_repeat'])
+    assert augment['type'] == 'DEIMv2CollateBatchAugment'
+    assert copy_blend_differences(augment, collate) == {}
     assert cfg.train_dataloader.batch_size * GPUS == yaml['total_batch_size']
 
 
@@ -111,3 +144,20 @@ def test_a_changed_group_lr_shows():
         port_param_values(changed, model),
         upstream_param_values(records()['dinov3_s']))
     assert found and all('dinov3' in name for name in found)
+
+
+def test_a_changed_copy_blend_value_shows():
+    """Control: the Copy-Blend comparison sees DEIMv2-S's window one epoch
+    short, and a ``copyblend_type`` other than upstream's default where
+    the YAML leaves the key out."""
+    cfg, _ = coco_meta_model('dinov3_s')
+    (augment, ) = cfg.model.data_preprocessor.batch_augments
+    collate = records()['dinov3_s']['yaml']['collate_fn']
+    assert copy_blend_differences(
+        dict(augment, copyblend_epochs=[4, 119]), collate) == {
+            'copyblend_epochs': ([4, 119], [4, 120])
+        }
+    assert copy_blend_differences(
+        dict(augment, copyblend_type='copy'), collate) == {
+            'copyblend_type': ('copy', 'blend')
+        }
