@@ -1,9 +1,10 @@
 """The DEIMv2 model: every shipped config builds; the smallest model
-(Atto) and the smallest ViT model (DEIMv2-S) train on a batch with a
-GT-less image and on a batch without GT (the same loss keys as with GT,
-all finite, every parameter in the graph; the control with upstream's
-empty-batch denoising drops the dn embedding from the graph); DINOv3's
-ViT-S+ puts every parameter in the graph too."""
+(Atto, with its criterion without FGL / DDF) and the smallest ViT model
+(DEIMv2-S) train on a batch with a GT-less image and on a batch without
+GT (the same loss keys as with GT, all finite, every parameter in the
+graph; the control with upstream's empty-batch denoising drops the dn
+embedding from the graph); DINOv3's ViT-S+ puts every parameter in the
+graph too."""
 
 import pytest
 import torch
@@ -21,6 +22,8 @@ FOUR_LAYER_KEYS = DEIM_KEYS | {
     for term in ('mal', 'bbox', 'giou', 'fgl', 'ddf')
 } | {f'loss_{term}_dn_3'
      for term in ('mal', 'bbox', 'giou', 'fgl')} | {'loss_ddf_dn_2'}
+# Atto, Femto, Pico: upstream's losses ['mal', 'boxes'] (no FGL / DDF).
+LIGHT_KEYS = {k for k in DEIM_KEYS if 'fgl' not in k and 'ddf' not in k}
 
 
 def test_every_custom_config_builds():
@@ -82,7 +85,12 @@ def test_atto_trains_on_a_batch_with_a_gt_less_image():
         })
     model = build_model(cfg)
     assert model.bbox_head.reg_branches[2] is model.bbox_head.reg_branches[0]
-    _check_gt_less_batch(model, DEIM_KEYS)
+    # Atto's criterion: no FGL / DDF, each output's own matching; every
+    # parameter still gets a gradient on every kind of batch (what DDP
+    # with find_unused_parameters=False needs on a GT-less rank)
+    assert model.bbox_head.losses == ('mal', 'boxes')
+    assert not model.bbox_head.use_uni_set
+    _check_gt_less_batch(model, LIGHT_KEYS)
     # Control: upstream's denoising on a batch without GT (no dn queries):
     # the dn class embedding leaves the graph, the parameter DDP's
     # reducer would wait for on that rank.
