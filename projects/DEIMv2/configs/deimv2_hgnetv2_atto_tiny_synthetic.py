@@ -5,8 +5,10 @@
 # of zoom-out and IoU crop in epoch 0, photometric distortion / zoom-out /
 # IoU crop in epoch 1, none after), collate-time MixUp in epoch 0 and
 # Copy-Blend in epoch 1 (upstream Atto has neither; on here so that the demo
-# runs both), multi-scale batches until epoch 1, flat-cosine lr, ModelEMA,
-# SetEpochHook. Two epochs.
+# runs both), multi-scale batches until epoch 1, Atto's criterion (no FGL /
+# DDF, each output's own matching) with the matcher change at epoch 1 (Atto:
+# 450; here so that the second epoch matches with -(p * IoU^4)), flat-cosine
+# lr, ModelEMA, SetEpochHook. Two epochs.
 #   python tools/make_synthetic_coco.py data/synthetic
 #   bash tools/dist_train.sh \
 #       projects/DEIMv2/configs/deimv2_hgnetv2_atto_tiny_synthetic.py 2
@@ -56,6 +58,7 @@ model = dict(
             expand_ratios=[0.1, 0.25])
     ]),
     dn_cfg=dict(group_cfg=dict(num_dn_queries=10)),
+    train_cfg=dict(assigner=dict(matcher_change_epoch=1)),
     test_cfg=dict(max_per_img=30))
 train_dataloader = dict(
     batch_size=2,
