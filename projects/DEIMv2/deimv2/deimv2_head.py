@@ -108,13 +108,12 @@ class DEIMv2Head(DEIMHead):
         matcher change of :class:`DEIMv2HungarianAssigner`); assigners
         without ``set_epoch`` ignore it. Called by :class:`SetEpochHook`.
         """
-        set_epoch = getattr(getattr(self, 'assigner', None), 'set_epoch',
-                            None)
+        set_epoch = getattr(getattr(self, 'assigner', None), 'set_epoch', None)
         if set_epoch is not None:
             set_epoch(epoch)
 
-    def _output_losses(self, scores: Tensor, boxes: Tensor, corners,
-                       cls_pairs, num_cls: Tensor, part: Dict, *args,
+    def _output_losses(self, scores: Tensor, boxes: Tensor, corners, cls_pairs,
+                       num_cls: Tensor, part: Dict, *args,
                        **kwargs) -> Dict[str, Tensor]:
         """``DEIMHead._output_losses`` with upstream's ``losses`` and
         ``use_uni_set`` (see the class doc): without ``'local'`` the output

@@ -108,5 +108,4 @@ class DEIMv2HungarianAssigner(HungarianAssigner):
                 'have it).',
                 logger='current',
                 level=logging.WARNING)
-        return super().assign(pred_instances, gt_instances, img_meta,
-                              **kwargs)
+        return super().assign(pred_instances, gt_instances, img_meta, **kwargs)

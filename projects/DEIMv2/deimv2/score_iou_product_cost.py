@@ -30,8 +30,9 @@ class ScoreIoUProductCost(BaseMatchCost):
                  iou_order: float = 1.0,
                  weight: Union[float, int] = 1.0) -> None:
         super().__init__(weight=weight)
-        if isinstance(iou_order, bool) or not isinstance(
-                iou_order, (int, float)) or iou_order <= 0:
+        number = isinstance(iou_order,
+                            (int, float)) and not isinstance(iou_order, bool)
+        if not number or iou_order <= 0:
             raise ValueError(
                 'ScoreIoUProductCost.iou_order (upstream iou_order_alpha) '
                 f'must be a positive number, got {iou_order!r}; upstream '

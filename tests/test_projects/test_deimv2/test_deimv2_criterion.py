@@ -150,8 +150,8 @@ def _union_l1(layer_boxes: torch.Tensor) -> float:
     every query some output puts on the GT, divided by their count."""
     queries = sorted({*ON_GT['layers'], ON_GT['pre'], ON_GT['enc']})
     gt = torch.tensor(GT_CXCYWH, dtype=torch.float64)
-    total = sum((image[q] - gt).abs().sum() for image in layer_boxes
-                for q in queries)
+    total = sum(
+        (image[q] - gt).abs().sum() for image in layer_boxes for q in queries)
     return 5.0 * float(total) / (len(queries) * len(layer_boxes))
 
 
@@ -161,10 +161,10 @@ def test_use_uni_set_selects_the_matching_of_the_box_terms():
     here). The classification terms are the same either way (their own
     matching)."""
     inputs = _inputs()
-    own = _values(_head(losses=['mal', 'boxes'], use_uni_set=False).loss(
-        **inputs))
-    union = _values(_head(losses=['mal', 'boxes'], use_uni_set=True).loss(
-        **inputs))
+    own = _values(
+        _head(losses=['mal', 'boxes'], use_uni_set=False).loss(**inputs))
+    union = _values(
+        _head(losses=['mal', 'boxes'], use_uni_set=True).loss(**inputs))
     assert set(own) == set(union)
     num_dn = inputs['dn_meta']['num_denoising_queries']
     for suffix, boxes in (('_aux_0', inputs['layers_boxes'][0]),
@@ -229,8 +229,8 @@ def _matching_case():
     wh = 10 + torch.rand(7, 2, generator=gen, dtype=torch.float64) * 30
     boxes = torch.cat([xy, xy + wh], 1)
     preds = InstanceData(
-        scores=torch.randn(5, NUM_CLASSES, generator=gen,
-                           dtype=torch.float64) * 2,
+        scores=torch.randn(5, NUM_CLASSES, generator=gen, dtype=torch.float64)
+        * 2,
         bboxes=boxes[:5])
     gts = InstanceData(bboxes=boxes[5:], labels=torch.tensor([2, 0]))
     return preds, gts, dict(img_shape=(IMAGE, IMAGE))
@@ -248,15 +248,15 @@ def test_matcher_cost_before_and_after_the_change_epoch():
     head = _head()
     preds, gts, meta = _matching_case()
     p = preds.scores.sigmoid()[:, gts.labels]
-    focal = (0.25 * (1 - p)**2 * -(p + 1e-8).log() - 0.75 * p**2 *
-             -(1 - p + 1e-8).log())
+    focal = (0.25 * (1 - p)**2 * -(p + 1e-8).log() -
+             0.75 * p**2 * -(1 - p + 1e-8).log())
 
     def cxcywh(b):
         return torch.cat([(b[:, :2] + b[:, 2:]) / 2, b[:, 2:] - b[:, :2]],
                          1) / IMAGE
 
-    l1 = (cxcywh(preds.bboxes)[:, None] - cxcywh(gts.bboxes)[None]).abs().sum(
-        -1)
+    l1 = (cxcywh(preds.bboxes)[:, None] -
+          cxcywh(gts.bboxes)[None]).abs().sum(-1)
     giou = _own_iou(preds.bboxes, gts.bboxes, generalised=True)
     early = 2 * focal + 5 * l1 - 2 * giou
     late = -(p * _own_iou(preds.bboxes, gts.bboxes, False)**4)
@@ -274,8 +274,7 @@ def test_matcher_cost_before_and_after_the_change_epoch():
 
     unchanged = TASK_UTILS.build(
         _assigner_cfg(
-            change_matcher=False, iou_order_alpha=4.0,
-            matcher_change_epoch=5))
+            change_matcher=False, iou_order_alpha=4.0, matcher_change_epoch=5))
     unchanged.set_epoch(1000)
     assert torch.allclose(
         _cost(unchanged, preds, gts, meta), early, atol=1e-12)
@@ -286,6 +285,7 @@ def test_set_epoch_hook_changes_the_head_matching():
     query exactly on the GT but unsure (p 0.3) against a sure one at IoU
     0.6. D-FINE's cost takes the sure one, -(p * IoU^4) the exact one."""
     from mmengine.structures import InstanceData
+
     from projects.DEIM.deim.set_epoch_hook import SetEpochHook
     head = _head()
     model = torch.nn.Sequential(torch.nn.Linear(1, 1), head)
@@ -372,15 +372,19 @@ def upstream_criterion(record: dict) -> dict:
     """The same options from a record of upstream's ``DEIMCriterion``."""
     options = record['criterion']
     matcher = options['matcher']
-    terms = {'mal': ['loss_mal'], 'boxes': ['loss_bbox', 'loss_giou'],
-             'local': ['loss_fgl', 'loss_ddf']}
+    terms = {
+        'mal': ['loss_mal'],
+        'boxes': ['loss_bbox', 'loss_giou'],
+        'local': ['loss_fgl', 'loss_ddf']
+    }
     assert matcher['use_focal_loss']
     return dict(
         losses=sorted(options['losses']),
         use_uni_set=options['use_uni_set'],
         weights={
             key: options['weight_dict'][key]
-            for loss in options['losses'] for key in terms[loss]
+            for loss in options['losses']
+            for key in terms[loss]
         },
         gamma=options['gamma'],
         matcher={
@@ -409,12 +413,10 @@ def test_a_changed_criterion_option_shows():
     cfg, _ = coco_meta_model('hgnetv2_atto')
     register_all_modules()
     theirs = upstream_criterion(records()['hgnetv2_atto'])
-    for change, key in ((dict(bbox_head=dict(use_uni_set=True)),
-                         'use_uni_set'),
-                        (dict(
-                            train_cfg=dict(
-                                assigner=dict(matcher_change_epoch=45))),
-                         'matcher')):
+    for change, key in ((dict(bbox_head=dict(
+            use_uni_set=True)), 'use_uni_set'), (dict(
+                train_cfg=dict(assigner=dict(matcher_change_epoch=45))),
+                                                 'matcher')):
         changed = copy.deepcopy(cfg)  # the cached config stays as it is
         changed.merge_from_dict({'model': change})
         with torch.device('meta'):
