@@ -196,19 +196,28 @@ class _DrawWhereTheGeneratorIs(TorchFunctionMode):
             torch.get_default_device())
 
 
+def check_rank_device(device: str) -> None:
+    """Refuse a :data:`RANK_DEVICE_ENV` value no rank could use.
+
+    Raises:
+        ValueError: ``device`` is neither ``'cpu'`` nor ``'cuda'``, or is
+            ``'cuda'`` on a machine without CUDA.
+    """
+    if device not in ('cpu', 'cuda'):
+        raise ValueError(f'{RANK_DEVICE_ENV} must be cpu or cuda, but got '
+                         f'{device!r}.')
+    if device == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f'{RANK_DEVICE_ENV}=cuda, but CUDA is not '
+                         'available on this machine; unset it or use cpu.')
+
+
 def _use_rank_device(device: str, rank: int, world_size: int) -> None:
     """Make ``device`` this rank's default for new tensors and modules:
     ``'cpu'`` (nothing to do) or ``'cuda'`` (GPU ``rank % count``, shared
     round robin; the gloo group then carries CUDA tensors)."""
+    check_rank_device(device)
     if device == 'cpu':
         return
-    if device != 'cuda':
-        raise ValueError(f'{RANK_DEVICE_ENV} must be cpu or cuda, but got '
-                         f'{device!r}.')
-    import torch
-    if not torch.cuda.is_available():
-        raise ValueError(f'{RANK_DEVICE_ENV}=cuda, but CUDA is not '
-                         'available on this machine; unset it or use cpu.')
     count = torch.cuda.device_count()
     index = rank % count
     torch.cuda.set_device(index)  # initialises CUDA in this process
@@ -439,6 +448,8 @@ def run_on_ranks(fn: Callable,
         list: ``fn``'s return value on each rank, in rank order.
 
     Raises:
+        ValueError: ``MMDDP_EXT_RANK_DEVICE`` names a device no rank can use
+            (raised before any rank starts).
         MultiRankError: A rank raised, died or did not finish in time.
     """
     _count_launch()
@@ -447,7 +458,11 @@ def run_on_ranks(fn: Callable,
         if osp.exists(_started_path(log_dir, rank)):
             os.remove(_started_path(log_dir, rank))
     rank_env = dict(os.environ, **(env or {}))
-    ctx = _rank_context(rank_env.get(RANK_DEVICE_ENV, 'cpu'))
+    device = rank_env.get(RANK_DEVICE_ENV, 'cpu')
+    # Here, before any rank starts: a rank on 'cuda' is a fresh
+    # interpreter that would import everything only to refuse it.
+    check_rank_device(device)
+    ctx = _rank_context(device)
     port = free_port()
     procs = [
         ctx.Process(
