@@ -26,6 +26,15 @@ LATE = 'bbox_head.late_branch'
 AUTO = dict(type='AutoDDP')
 HAND = dict(type='MMDistributedDataParallel', find_unused_parameters=True)
 STOCK = dict(type='MMDistributedDataParallel')
+# (name, overrides, expect_error) scenarios of _train_scenarios
+UNUSED_AUTO = ('auto', {
+    HEAD: 'DINOHeadWithUnusedParam',
+    'model_wrapper_cfg': AUTO
+}, False)
+BRANCH_AUTO = ('branch_auto', {
+    HEAD: 'DINOHeadRankZeroBranch',
+    'model_wrapper_cfg': AUTO
+}, False)
 
 
 class _SnapshotInitialParams:
@@ -125,34 +134,32 @@ def _assert_close_params(params, reference):
             value, reference[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
-def _unused_param_run(tmp_path_factory, synthetic_root, world_size):
+@pytest.fixture(scope='module')
+def unused_2ranks(tmp_path_factory, synthetic_root):
     """An extended head whose new parameter never reaches the loss
-    (mmdetection #11899): AutoDDP; on 2 ranks also hand-configured DDP,
-    an explicit find_unused_parameters=False, and stock DDP."""
+    (mmdetection #11899) on 2 ranks: AutoDDP, hand-configured DDP, an
+    explicit find_unused_parameters=False, and stock DDP."""
     over = {HEAD: 'DINOHeadWithUnusedParam'}
-    scenarios = [('auto', dict(over, model_wrapper_cfg=AUTO), False)]
-    if world_size == 2:
-        scenarios += [
-            ('hand', dict(over, model_wrapper_cfg=HAND), False),
-            ('explicit_false', dict(over, model_wrapper_cfg=dict(
-                AUTO, find_unused_parameters=False)), True),
-            ('stock', dict(over, model_wrapper_cfg=STOCK), True),
-        ]
-    return _spawn(tmp_path_factory, synthetic_root, world_size, scenarios,
+    scenarios = [
+        UNUSED_AUTO,
+        ('hand', dict(over, model_wrapper_cfg=HAND), False),
+        ('explicit_false', dict(over, model_wrapper_cfg=dict(
+            AUTO, find_unused_parameters=False)), True),
+        ('stock', dict(over, model_wrapper_cfg=STOCK), True),
+    ]
+    return _spawn(tmp_path_factory, synthetic_root, 2, scenarios,
                   timeout=240)
 
 
 @pytest.fixture(scope='module')
-def unused_2ranks(tmp_path_factory, synthetic_root):
-    return _unused_param_run(tmp_path_factory, synthetic_root, 2)
+def three_ranks(tmp_path_factory, synthetic_root):
+    """AutoDDP's two decisions on 3 ranks in one spawn (3 rank starts cost
+    more than a scenario): the unused parameter and rank 0's branch."""
+    return _spawn(tmp_path_factory, synthetic_root, 3,
+                  [UNUSED_AUTO, BRANCH_AUTO], timeout=280)
 
 
-@pytest.fixture(scope='module')
-def unused_3ranks(tmp_path_factory, synthetic_root):
-    return _unused_param_run(tmp_path_factory, synthetic_root, 3)
-
-
-@pytest.mark.parametrize('run', ['unused_2ranks', 'unused_3ranks'])
+@pytest.mark.parametrize('run', ['unused_2ranks', 'three_ranks'])
 def test_unused_param_trains_without_flag(request, run):
     work_dir, results = request.getfixturevalue(run)
     auto = _on_every_rank(results, 'auto')
@@ -206,39 +213,29 @@ def test_stock_ddp_fails_on_the_same_model(unused_2ranks):
         assert 'Expected to have finished reduction' in res['error']
 
 
-def _partial_use_run(tmp_path_factory, synthetic_root, world_size):
-    """A branch used on rank 0 only, with AutoDDP; on 2 ranks also with
-    hand-configured DDP (find_unused_parameters=True), the plain model
-    (flag unset, explicit True) and a branch left out of DDP in the first
+@pytest.fixture(scope='module')
+def partial_2ranks(tmp_path_factory, synthetic_root):
+    """On 2 ranks: a branch used on rank 0 only, with AutoDDP and with
+    hand-configured DDP (find_unused_parameters=True); the plain model
+    (flag unset, explicit True); a branch left out of DDP in the first
     step and used later (AutoDDP, and stock DDP ignoring it)."""
     branch = {HEAD: 'DINOHeadRankZeroBranch'}
     late = {HEAD: 'DINOHeadUsedFromStep2'}
-    scenarios = [('branch_auto', dict(branch, model_wrapper_cfg=AUTO), False)]
-    if world_size == 2:
-        scenarios += [
-            ('branch_hand', dict(branch, model_wrapper_cfg=HAND), False),
-            ('plain_auto', dict(model_wrapper_cfg=AUTO), False),
-            ('plain_true', dict(model_wrapper_cfg=dict(
-                AUTO, find_unused_parameters=True)), False),
-            ('late_auto', dict(late, model_wrapper_cfg=AUTO), False),
-            ('late_ignored', dict(late, model_wrapper_cfg=dict(
-                type='DDPIgnoringLateBranch')), False),
-        ]
-    return _spawn(tmp_path_factory, synthetic_root, world_size, scenarios,
+    scenarios = [
+        BRANCH_AUTO,
+        ('branch_hand', dict(branch, model_wrapper_cfg=HAND), False),
+        ('plain_auto', dict(model_wrapper_cfg=AUTO), False),
+        ('plain_true', dict(model_wrapper_cfg=dict(
+            AUTO, find_unused_parameters=True)), False),
+        ('late_auto', dict(late, model_wrapper_cfg=AUTO), False),
+        ('late_ignored', dict(late, model_wrapper_cfg=dict(
+            type='DDPIgnoringLateBranch')), False),
+    ]
+    return _spawn(tmp_path_factory, synthetic_root, 2, scenarios,
                   timeout=280)
 
 
-@pytest.fixture(scope='module')
-def partial_2ranks(tmp_path_factory, synthetic_root):
-    return _partial_use_run(tmp_path_factory, synthetic_root, 2)
-
-
-@pytest.fixture(scope='module')
-def partial_3ranks(tmp_path_factory, synthetic_root):
-    return _partial_use_run(tmp_path_factory, synthetic_root, 3)
-
-
-@pytest.mark.parametrize('run', ['partial_2ranks', 'partial_3ranks'])
+@pytest.mark.parametrize('run', ['partial_2ranks', 'three_ranks'])
 def test_branch_used_on_one_rank_trains(request, run):
     """Rank 0's branch gradient is averaged into every replica: after the
     steps every rank holds the same weights (bit for bit), equal to
