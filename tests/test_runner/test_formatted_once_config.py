@@ -96,3 +96,53 @@ def test_unformatted_configs_and_dicts():
     from_dict = FormattedOnceConfig.of(dict(a=1))
     assert isinstance(from_dict, FormattedOnceConfig) and from_dict.a == 1
     assert FormattedOnceConfig.of(from_dict) is from_dict
+
+
+def _starts_on_this_rank(work_dir: str) -> dict:
+    """Start an ExtRunner on this rank three times: at INFO, at DEBUG (one
+    log file per rank), and at INFO with ``Runner``'s own ``_log_env``
+    (the control); the yapf calls of each start and its log text."""
+    import glob
+
+    import mmengine.config.config as config_module
+    from mmengine.dist import get_rank
+    from mmengine.runner import Runner
+    calls = []
+    real = config_module.FormatCode
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    config_module.FormatCode = counted
+    starts = {}
+    for name, level, log_env in (('info', 'INFO', None),
+                                 ('debug', 'DEBUG', None),
+                                 ('stock', 'INFO', Runner._log_env)):
+        del calls[:]
+        if log_env is not None:
+            ExtRunner._log_env = log_env
+        ExtRunner(model=ToyModel(), work_dir=osp.join(work_dir, name),
+                  experiment_name=name, cfg=Config.fromfile(CONFIG),
+                  launcher='pytorch', log_level=level)
+        logs = glob.glob(osp.join(work_dir, name, '*', '*.log'))
+        own = [p for p in logs if f'rank{get_rank()}' in p] or (
+            logs if get_rank() == 0 else [])
+        text = ''.join(open(p).read() for p in own)
+        starts[name] = dict(calls=len(calls), config_logged='Config:' in text)
+    return starts
+
+
+def test_a_rank_that_logs_no_info_formats_no_config(tmp_path):
+    """On 2 gloo ranks: rank 1's MMEngine logger shows no INFO (errors on
+    its stream, no file), so its start formats nothing; rank 0 formats as
+    before and logs the config; at DEBUG rank 1 writes its own log and
+    formats for it. Control: ``Runner``'s ``_log_env`` formats the config
+    on rank 1 for nothing."""
+    from mmddp_ext.testing import run_on_ranks
+    rank0, rank1 = run_on_ranks(_starts_on_this_rank, 2,
+                                args=(str(tmp_path), ), timeout=120)
+    assert rank0['info'] == dict(calls=2, config_logged=True)
+    assert rank1['info'] == dict(calls=0, config_logged=False)
+    assert rank1['debug']['calls'] >= 1 and rank1['debug']['config_logged']
+    assert rank1['stock'] == dict(calls=1, config_logged=False)
