@@ -152,8 +152,12 @@ class ExtRunner(Runner):
         has no file): there nothing is built, where ``Runner`` formats the
         whole config with yapf (0.4 to 1.2 s for a detector config on a
         2-core CPU) and collects the environment for records no handler
-        writes, on every such rank of every launch and restart.
+        writes, on every such rank of every launch and restart. And the
+        config it logs already has ``'mmddp_ext'`` in ``custom_imports``,
+        as the visualizer's copy and the dump (``Runner`` calls the three
+        in this order), so rank 0 formats one text for all three.
         """
+        self._import_mmddp_ext_in_cfg()
         if _shows(self.logger, logging.INFO):
             super()._log_env(env_cfg)
 
