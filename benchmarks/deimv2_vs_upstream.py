@@ -105,6 +105,8 @@ from _common import REPO_ROOT
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from mmddp_ext.utils.torch_private import BatchNormBase
+
 ENV = 'DEIMV2_UPSTREAM'
 CHECKOUT = 'github.com/Intellindust-AI-Lab/DEIMv2'
 IMAGE = 640
@@ -222,7 +224,7 @@ def _calibrate(model: nn.Module) -> None:
     statistics); the momentum is restored afterwards."""
     norms = [
         m for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        if isinstance(m, BatchNormBase)
     ]
     momenta = [m.momentum for m in norms]
     for norm in norms:
@@ -310,7 +312,7 @@ def _layers_mode(model, parts) -> None:
     for part in parts:
         part.eval()
     for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if isinstance(module, BatchNormBase):
             module.eval()
 
 
