@@ -292,6 +292,10 @@ def _as_head_inputs(out: dict, model) -> dict:
 
 
 def speed(theirs, criterion, ours, repeats: int) -> dict:
+    """Port and upstream side by side, alternating who goes first, on
+    batches of :data:`IMAGE` px: inference of one image and one training
+    step of :data:`TRAIN_GT` boxes; CPU-time medians, the median and range
+    of the per-round ratios, and the wall ratio of the fastest rounds."""
     images1, _, samples1 = _batch([0], seed=2)
     images, targets, samples = _batch(TRAIN_GT, seed=3)
     opt_theirs = torch.optim.AdamW(
@@ -336,10 +340,15 @@ def speed(theirs, criterion, ours, repeats: int) -> dict:
                 pair[side]()
                 wall[side].append(time.perf_counter() - start[0])
                 cpu[side].append(time.process_time() - start[1])
+        ratios = [a / b for a, b in zip(*cpu)]
         results[name] = dict(
             port_cpu_s=statistics.median(cpu[0]),
             upstream_cpu_s=statistics.median(cpu[1]),
-            cpu_ratio=statistics.median(a / b for a, b in zip(*cpu)),
+            cpu_ratio=statistics.median(ratios),
+            cpu_ratio_min=min(ratios),
+            cpu_ratio_max=max(ratios),
+            rounds=repeats,
+            threads=torch.get_num_threads(),
             port_wall_s=min(wall[0]),
             upstream_wall_s=min(wall[1]),
             wall_ratio=min(wall[0]) / min(wall[1]))
