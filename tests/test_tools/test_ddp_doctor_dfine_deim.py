@@ -1,9 +1,11 @@
-"""Doctor against reality for the D-FINE and DEIM ports (issue 30).
+"""Doctor against reality for the D-FINE and DEIM (issue 30) and DEIMv2
+(issue 36) ports.
 
 - The shipped custom configs of the smallest size of each model family
   (``*_n_custom.py``, whose encoder uses strides 16 and 32 only: the
-  fewest tokens among which the two-stage decoder picks its queries; and
-  DEIM-RTDETRv2-r18vd, DEIM on the RT-DETRv2 port) are asked as a user
+  fewest tokens among which the two-stage decoder picks its queries;
+  DEIM-RTDETRv2-r18vd, DEIM on the RT-DETRv2 port; DEIMv2-Atto, the
+  smallest of DEIMv2's HGNetv2 family) are asked as a user
   asks them: data placeholders filled, ``--shrink`` for the rest. Each agrees
   with a real 2-rank ``tools/dist_train.sh`` run of the same config in
   which rank 1 only reads images without boxes (shrunk as
@@ -34,7 +36,11 @@ CUSTOM = {
     'D-FINE': 'projects/D-FINE/configs/dfine_hgnetv2_n_custom.py',
     'DEIM': 'projects/DEIM/configs/deim_hgnetv2_n_custom.py',
     'DEIM-RTDETRv2': 'projects/DEIM/configs/deim_rtdetrv2_r18vd_custom.py',
+    'DEIMv2': 'projects/DEIMv2/configs/deimv2_hgnetv2_atto_custom.py',
 }
+# Configs whose real 2-rank run is made here; the others' runs are made by
+# other tests (see test_smallest_custom_config_agrees_with_its_run).
+REAL_RUN_HERE = ('DEIM', 'DEIM-RTDETRv2')
 # What a user fills in before asking: the data, classes and start
 # weights; sizes and query counts are left to --shrink.
 USER_KEYS = ('data_root', 'ann_file', 'data_prefix', 'metainfo',
@@ -57,8 +63,12 @@ def test_smallest_custom_config_agrees_with_its_run(
     decoder with MAL and DEIM's recipe); D-FINE-N's decoder and losses
     train with a GT-less rank in test_dfine_dist.py, and its custom config
     trains one step in test_custom_configs_train.py (the suite's time
-    budget). The real runs train in float32 (``mmddp_ext_cfg.cpu_amp=False``:
-    float16 convolutions run about 20 times slower on this CPU), as the
+    budget); DEIMv2-Atto's detector, head, decoder and losses train with a
+    GT-less rank under plain DDP (find_unused_parameters=False) in
+    tests/test_projects/test_deimv2/test_deimv2_dist.py, and its custom
+    config trains one step in test_custom_configs_train.py. The real runs
+    train in float32 (``mmddp_ext_cfg.cpu_amp=False``: float16
+    convolutions run about 20 times slower on this CPU), as the
     graph, the collectives and the DDP set-up the verdict is about are the
     same in both; the recipes' AMP runs with a GT-less rank are
     tests/test_amp's."""
@@ -71,7 +81,7 @@ def test_smallest_custom_config_agrees_with_its_run(
     # the report's table wraps the text inside cell borders
     flat = ' '.join(re.sub(r'[\u2500-\u257f]', ' ', report).split())
     assert 'AMP ran as float16 autocast on the CPU' in flat, report[-3000:]
-    if project.startswith('DEIM'):
+    if project in REAL_RUN_HERE:
         real, out = _real(config,
                           dict(options, **{'mmddp_ext_cfg.cpu_amp': False}),
                           str(tmp_path / 'work'))
@@ -116,3 +126,28 @@ def test_a_query_cap_above_the_token_count_is_the_false_blocker(
     assert report.exit_code == 1
     assert 'selects num_queries=100 of the 80 feature tokens' in render(
         report)
+
+
+def test_deimv2_upstream_empty_batch_behaviour_is_a_blocker(
+        data, tmp_path):  # noqa: F811
+    """DEIMv2-Atto's custom config asked as above, with upstream DEIMv2's
+    behaviour on a batch without GT (no dn queries, no dn loss terms:
+    ``DEIMv2UpstreamEmptyDn`` of the DEIMv2 tests): a blocker, where the
+    port on the same config is ok (the test above); the real runs of both
+    behaviours are test_deimv2_dist.py's (the port trains with a GT-less
+    rank; upstream's behaviour stops DDP)."""
+    config = osp.join(REPO_ROOT, CUSTOM['DEIMv2'])
+    cfg = Config.fromfile(config)
+    options = _as_a_user_fills_it(
+        placeholder_options(cfg, data, batch_size=1))
+    options.update({
+        'custom_imports.imports':
+        list(cfg.custom_imports.imports) +
+        ['tests.test_projects.test_deimv2.deimv2_probe'],
+        'model.type': 'DEIMv2UpstreamEmptyDn',
+        'model.bbox_head.type': 'DEIMv2UpstreamEmptyDnHead',
+    })
+    upstream, report = _doctor(config, options, shrink=True)
+    assert upstream == 1, report[-3000:]
+    assert re.search(r'BLOCKER dynamic/loss keys: .*: rank 1 lacks '
+                     r'loss_bbox_dn_0, ', report), report[-3000:]

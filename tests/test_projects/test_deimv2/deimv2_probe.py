@@ -12,17 +12,22 @@ loaded through a run's ``custom_imports`` next to
   total loss;
 - ``UpstreamEmptyDnLosses`` is a head mixin for the negative control:
   upstream DEIMv2's criterion on a batch without dn queries (no
-  ``dn_outputs``: no dn loss terms).
+  ``dn_outputs``: no dn loss terms);
+- ``DEIMv2UpstreamEmptyDn`` / ``DEIMv2UpstreamEmptyDnHead``: the model
+  with upstream DEIMv2's whole behaviour on a batch without GT (no dn
+  queries, no dn loss terms), for configs (the doctor's control).
 """
 import json
 import os.path as osp
 
+from mmdet.registry import MODELS
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from projects.DEIMv2.deimv2 import DEIMv2HungarianAssigner
+from projects.DEIMv2.deimv2 import DEIMv2, DEIMv2Head, DEIMv2HungarianAssigner
+from ..test_dfine.ddp_probe import _UpstreamEmptyDn
 
 
 def _unwrapped(model):
@@ -160,4 +165,27 @@ class UpstreamEmptyDnLosses:
         return losses
 
 
-__all__ = ['DEIMv2RecipeRecordHook', 'UpstreamEmptyDnLosses']
+@MODELS.register_module()
+class DEIMv2UpstreamEmptyDnHead(UpstreamEmptyDnLosses, DEIMv2Head):
+    """:class:`DEIMv2Head` with upstream's criterion on a batch without dn
+    queries (:class:`UpstreamEmptyDnLosses`). Same config keys."""
+
+
+@MODELS.register_module()
+class DEIMv2UpstreamEmptyDn(DEIMv2):
+    """:class:`DEIMv2` whose dn generator returns no queries on a batch
+    without GT, as upstream's denoising (None there); with
+    ``bbox_head.type='DEIMv2UpstreamEmptyDnHead'`` the whole upstream
+    behaviour. Same config keys."""
+
+    def _ddp_safe_generator(self, dn_cfg: dict):
+        generator = super()._ddp_safe_generator(dn_cfg)
+        generator.__class__ = type('UpstreamEmptyDnGenerator',
+                                   (_UpstreamEmptyDn, type(generator)), {})
+        return generator
+
+
+__all__ = [
+    'DEIMv2RecipeRecordHook', 'UpstreamEmptyDnLosses',
+    'DEIMv2UpstreamEmptyDnHead', 'DEIMv2UpstreamEmptyDn'
+]
