@@ -26,7 +26,6 @@ the training); the control is one DDP step on 2 ranks started by
 ``run_on_ranks`` (``control_step_report``), cheaper than a second launch
 and failing as the launch does (the DEIM and D-FINE tests show the launch).
 """
-import json
 import math
 import os.path as osp
 import re
@@ -37,9 +36,11 @@ from mmengine.hooks import EMAHook, Hook
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
 from ...helpers import dist_train
+from ...test_configs.test_custom_configs_train import as_cli
 from ...test_models.dino_utils import (build_model, control_step_report,
                                        raw_batch, record_generator_calls,
                                        swap_behaviour)
+from ..test_deim.test_deim_dist import _records, logged_epoch_iters
 from ..test_dfine.ddp_probe import _UpstreamEmptyDn
 from .deimv2_probe import UpstreamEmptyDnLosses, matchers
 from .deimv2_utils import PROJECT, model_cfg
@@ -112,31 +113,6 @@ def _options(data: str) -> dict:
     }
 
 
-def _cli(options: dict) -> list:
-
-    def text(value):
-        if isinstance(value, (list, tuple)):
-            return '[' + ','.join(map(str, value)) + ']'
-        return str(value)
-
-    return [f'{key}={text(value)}' for key, value in options.items()]
-
-
-def _records(work_dir: str, name: str) -> list:
-    found = []
-    for rank in range(WORLD_SIZE):
-        path = osp.join(work_dir, f'{name}_rank{rank}.json')
-        if osp.exists(path):
-            with open(path) as f:
-                found.append(json.load(f))
-    return found
-
-
-def _logged_epoch_iters(text: str) -> list:
-    return re.findall(r'Epoch\(train\)\s+\[(\d+)\]\[\s*(\d+)/\d+\].*loss: ',
-                      text)
-
-
 @pytest.fixture(scope='module')
 def empty_rank(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('deimv2_empty_rank'))
@@ -151,7 +127,7 @@ def empty_rank(tmp_path_factory):
     work_dir = osp.join(root, 'work')
     start = time.monotonic()
     output = dist_train(
-        config, WORLD_SIZE, work_dir, _cli(options), timeout=240)
+        config, WORLD_SIZE, work_dir, as_cli(options), timeout=240)
     seconds = time.monotonic() - start
     print(f'\nDEIMv2 2-rank run: {ITERS} iterations in {seconds:.1f} s '
           '(launch to exit, validation included)')
@@ -173,7 +149,7 @@ def test_rank_with_only_empty_images_trains_every_parameter(empty_rank):
     the same as the peer's, all finite; rank 1 saw no box, rank 0 some in
     every batch; MMEngine logged all 20 iterations."""
     output = empty_rank['output'].stdout
-    assert len(_logged_epoch_iters(output)) == ITERS
+    assert len(logged_epoch_iters(output)) == ITERS
     grads, recipe = empty_rank['grads'], empty_rank['recipe']
     assert len(grads) == len(recipe) == WORLD_SIZE
     for rank, record in enumerate(recipe):
