@@ -7,7 +7,8 @@
   DEIM-RTDETRv2-r18vd, DEIM on the RT-DETRv2 port; DEIMv2-Atto, the
   smallest of DEIMv2's HGNetv2 family) are asked as a user
   asks them: data placeholders filled, ``--shrink`` for the rest. Each agrees
-  with a real 2-rank ``tools/dist_train.sh`` run of the same config in
+  with a real 2-rank run of the same config (``tools/train.py`` as
+  ``tools/dist_train.sh`` starts it: test_ddp_doctor_matrix's ``_real``) in
   which rank 1 only reads images without boxes (shrunk as
   test_custom_configs_train shrinks it); D-FINE-N's real runs are those
   of test_dfine_dist.py and test_custom_configs_train.py. The other sizes
