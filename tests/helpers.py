@@ -103,7 +103,8 @@ def train_on_ranks(config: str, nproc: int, work_dir: str,
             *extra_args]
     if options:
         argv += ['--cfg-options', *options]
-    log_dir = osp.join(work_dir, 'ranks')
+    # beside the work dir: MMEngine's own logs are work_dir/<time>/*.log
+    log_dir = work_dir.rstrip(os.sep) + '_ranks'
     os.makedirs(log_dir, exist_ok=True)
     try:
         run_on_ranks(_train_py_main, nproc, args=(argv, ), timeout=timeout,

@@ -4,17 +4,18 @@ One run covers the acceptance criteria together (each Runner start costs
 tens of seconds on 2 shared cores): 2 gloo ranks, 2 persistent DataLoader
 workers per rank, an unshuffled ~50 %-empty dataset laid out so that
 batches are all-empty on one rank while the other has boxes, stock DINO
-(no head patch) and ``policy='swap'``, launched with
-``tools/dist_train.sh`` (DataLoader workers cannot start in the daemonic
-processes of ``run_on_ranks``).
+(no head patch) and ``policy='swap'``: ``tools/train.py`` as
+``tools/dist_train.sh`` starts it, on ranks forked with their imports done
+(``tests/helpers.py::train_on_ranks``; the guard is the subject, not the
+launcher).
 """
 import json
 import os.path as osp
 import re
 
 from mmddp_ext.testing import make_synthetic_coco
-from ..helpers import (TINY_CONFIG, data_options, dist_train, rank0_log,
-                       tiny_options)
+from ..helpers import (TINY_CONFIG, data_options, rank0_log, tiny_options,
+                       train_on_ranks)
 
 ITERS = 5
 # 16 images, DefaultSampler without shuffle on 2 ranks, batch 2: rank r,
@@ -96,12 +97,13 @@ def test_swap_on_two_ranks_with_persistent_workers(tmp_path):
     work_dir = str(tmp_path / 'work')
     config = tmp_path / 'guard_swap.py'
     config.write_text(GUARD_CONFIG.format(base=TINY_CONFIG))
-    dist_train(
+    run = train_on_ranks(
         str(config),
         2,
         work_dir,
         data_options(data_root) + tiny_options(ITERS),
         timeout=240)
+    assert run.returncode == 0, run.stdout[-4000:]
     per_rank = []
     for rank in range(2):
         with open(osp.join(work_dir, f'batches_rank{rank}.json')) as f:
