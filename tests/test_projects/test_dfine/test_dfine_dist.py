@@ -7,7 +7,10 @@ gradient and the loss keys of each iteration):
 
 - ``empty_rank``: an unshuffled sampler gives rank 1 only images without
   boxes, every iteration;
-- ``half_empty``: a shuffled set with about half of the images empty;
+- ``half_empty``: a shuffled set with about half of the images empty
+  (``tools/train.py`` as ``dist_train.sh`` starts it, on ranks forked with
+  their imports done: ``tests/helpers.py::train_on_ranks``; the launcher
+  is the other two runs');
 - ``upstream_control``: the negative control, the ``empty_rank`` run with
   upstream D-FINE's empty-batch behaviour (no dn queries on the GT-less
   rank, ``ddp_probe.DFINEUpstreamEmptyDn``) and a 20 s collective
@@ -19,7 +22,8 @@ import os.path as osp
 import pytest
 
 from mmddp_ext.testing import make_synthetic_coco
-from ...helpers import data_options, dist_train, logged_iters, tiny_options
+from ...helpers import (data_options, dist_train, logged_iters, tiny_options,
+                        train_on_ranks)
 from .dfine_utils import EXPECTED_KEYS, TINY_CONFIG
 
 ITERS = 20
@@ -50,7 +54,8 @@ def _train(root: str,
            shuffle: bool,
            model_type: str = None,
            extra=(),
-           check=True):
+           check=True,
+           launch=True):
     make_synthetic_coco(
         osp.join(root, 'train'),
         num_images=WORLD_SIZE * 2 * ITERS,
@@ -65,13 +70,22 @@ def _train(root: str,
         # recipe's float16 path tests/test_amp's
         'mmddp_ext_cfg.cpu_amp=False', *extra
     ]
-    output = dist_train(
-        _probe_config(root, model_type),
-        WORLD_SIZE,
-        work_dir,
-        options,
-        timeout=240,
-        check=check)
+    if launch:
+        output = dist_train(
+            _probe_config(root, model_type),
+            WORLD_SIZE,
+            work_dir,
+            options,
+            timeout=240,
+            check=check)
+    else:
+        output = train_on_ranks(
+            _probe_config(root, model_type),
+            WORLD_SIZE,
+            work_dir,
+            options,
+            timeout=240)
+        assert output.returncode == 0 or not check, output.stdout[-4000:]
     records = []
     for rank in range(WORLD_SIZE):
         path = osp.join(work_dir, f'grad_record_rank{rank}.json')
@@ -89,7 +103,11 @@ def empty_rank(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def half_empty(tmp_path_factory):
-    return _train(str(tmp_path_factory.mktemp('dfine_half_empty')), 0.5, True)
+    return _train(
+        str(tmp_path_factory.mktemp('dfine_half_empty')),
+        0.5,
+        True,
+        launch=False)
 
 
 def _check_same_graph_and_keys(run):
