@@ -2,7 +2,10 @@
 one rank only ever sees GT-less images, the query head is extended with
 a parameter that never reaches the loss, and the encoder checkpoints its
 activations. Nothing about DDP is set by hand: AutoDDP and the
-CheckpointConflictHook of the mmddp_ext stack handle it."""
+CheckpointConflictHook of the mmddp_ext stack handle it. The 2-rank run is
+a launch of ``tools/dist_train.sh``; the 3-rank one runs ``tools/train.py``
+as that script starts it, on ranks forked with their imports done
+(``tests/helpers.py::train_on_ranks``: the world size is its subject)."""
 import json
 import os.path as osp
 
@@ -10,7 +13,7 @@ import pytest
 
 from mmddp_ext.testing import make_synthetic_coco
 from ...helpers import (as_cli, data_overrides, dist_train, logged_iters,
-                        tiny_overrides)
+                        tiny_overrides, train_on_ranks)
 from .codetr_utils import TINY_CONFIG
 
 ITERS = 3
@@ -49,9 +52,11 @@ def test_extended_head_with_encoder_checkpointing_trains(tmp_path, nproc):
     })
     config = tmp_path / 'co_dino_tiny_extended.py'
     config.write_text(EXTENDED_CONFIG)
-    result = dist_train(
+    launch = dist_train if nproc == 2 else train_on_ranks
+    result = launch(
         str(config), nproc, work_dir, as_cli(overrides), timeout=150)
     out = result.stdout
+    assert result.returncode == 0, out[-4000:]
     # The launch itself (tests/test_tools runs tiny DINO on 2 ranks only).
     assert f'gloo process group, rank 0/{nproc}' in out
     assert logged_iters(out) == list(range(1, ITERS + 1))

@@ -1,7 +1,9 @@
 """Upstream's CO-DINO R50 LSJ config, as upstream writes it (its type names
 ``DetrTransformerEncoder`` / ``DinoTransformerDecoder`` /
 ``DetrTransformerDecoderLayer``, LSJ + CopyPaste pipeline, use_lsj=True),
-trains on the port through ``tools/dist_train.sh`` on 2 gloo ranks after
+trains on the port on 2 gloo ranks (``tools/train.py`` as
+``tools/dist_train.sh`` starts it, on ranks forked with their imports done:
+``tests/helpers.py::train_on_ranks``) after
 shrinking by ``--cfg-options`` only, with ``--auto-scale-lr``; rank 1's own
 images have no boxes, and CopyPaste (upstream's ``max_num_pasted=100``)
 pastes objects of other images into some of them. Without the upstream
@@ -14,7 +16,7 @@ import re
 import pytest
 
 from mmddp_ext.testing import make_synthetic_coco
-from ...helpers import REPO_ROOT, as_cli, dist_train, logged_iters
+from ...helpers import REPO_ROOT, as_cli, logged_iters, train_on_ranks
 from ...test_model_zoo.test_model_zoo_matrix import rank_logs
 
 LSJ_CONFIG = osp.join(REPO_ROOT, 'projects', 'CO-DETR', 'configs', 'codino',
@@ -103,7 +105,7 @@ def test_upstream_lsj_config_trains_on_two_ranks_one_without_gt(tmp_path):
         empty='odd')
     _with_box_masks(osp.join(root, 'train', 'annotations.json'))
     work_dir = str(tmp_path / 'work')
-    result = dist_train(
+    result = train_on_ranks(
         LSJ_CONFIG,
         NPROC,
         work_dir,
@@ -111,6 +113,7 @@ def test_upstream_lsj_config_trains_on_two_ranks_one_without_gt(tmp_path):
         timeout=200,
         extra_args=('--auto-scale-lr', ))
     out = result.stdout
+    assert result.returncode == 0, out[-4000:]
     assert f'gloo process group, rank 0/{NPROC}' in out
     assert logged_iters(out) == list(range(1, ITERS + 1)), out[-3000:]
     logs = rank_logs(work_dir)
