@@ -6,12 +6,12 @@
   checksum of its weights when training starts (after a resume has loaded
   them), and the epoch each train epoch's data policy and batch augments
   were given;
-- ``DEIMUpstreamEmptyDn`` / ``DEIMUpstreamEmptyDnHead`` give the model
-  upstream DEIM's behaviour on a batch without GT (the negative control):
-  its denoising returns None, so there are no dn queries and no dn loss
-  terms on that rank (its loss dict is shorter); each rank writes the
-  loss keys of its first iteration to ``loss_keys_rank{rank}.json`` as
-  soon as they exist, before the step that hangs.
+- ``DEIMUpstreamEmptyDnHead`` with ``test_dfine/ddp_probe.py``'s
+  ``DFINEUpstreamEmptyDn`` (DEIM's model is D-FINE's) give the model
+  upstream DEIM's behaviour on a batch without GT (the negative control
+  of ``test_deim_dist.py``): its denoising returns None, so there are no
+  dn queries and no dn loss terms on that rank (its loss dict is
+  shorter).
 """
 import importlib
 import json
@@ -24,9 +24,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 _deim = importlib.import_module('projects.DEIM.deim')
-_dfine = importlib.import_module('projects.D-FINE.dfine')
-_dfine_probe = importlib.import_module(
-    'tests.test_projects.test_dfine.ddp_probe')
+# registers DFINEUpstreamEmptyDn, the control's model
+importlib.import_module('tests.test_projects.test_dfine.ddp_probe')
 
 
 def _policy_datasets(dataset):
@@ -80,48 +79,13 @@ class ResumeRecordHook(Hook):
 @MODELS.register_module()
 class DEIMUpstreamEmptyDnHead(_deim.DEIMHead):
     """:class:`DEIMHead` without dn loss terms when the batch had no dn
-    queries (upstream DEIM: no ``dn_outputs``), recording the first
-    iteration's loss keys (see the module docstring)."""
+    queries (upstream DEIM: no ``dn_outputs``). Same config keys."""
 
-    def loss(self, *args, dn_meta, batch_data_samples, **kwargs):
-        losses = super().loss(
-            *args,
-            dn_meta=dn_meta,
-            batch_data_samples=batch_data_samples,
-            **kwargs)
+    def loss(self, *args, dn_meta, **kwargs):
+        losses = super().loss(*args, dn_meta=dn_meta, **kwargs)
         if dn_meta['num_denoising_queries'] == 0:
             losses = {k: v for k, v in losses.items() if '_dn_' not in k}
-        work_dir = getattr(self, 'record_dir', None)
-        if work_dir and not getattr(self, '_recorded', False):
-            path = osp.join(work_dir, f'loss_keys_rank{get_rank()}.json')
-            with open(path, 'w') as f:
-                json.dump(sorted(losses), f)
-            self._recorded = True
         return losses
 
 
-@MODELS.register_module()
-class DEIMUpstreamEmptyDn(_dfine.DFINE):
-    """:class:`DFINE` whose dn generator returns no queries on a batch
-    without GT, as upstream's denoising (which returns None there).
-
-    Args:
-        record_dir (str): Where the head writes the first loss keys.
-        **kwargs: Keys of :class:`DFINE`.
-    """
-
-    def __init__(self, *args, record_dir: str = '', **kwargs):
-        super().__init__(*args, **kwargs)
-        self.bbox_head.record_dir = record_dir
-
-    def _ddp_safe_generator(self, dn_cfg: dict):
-        generator = super()._ddp_safe_generator(dn_cfg)
-        generator.__class__ = type(
-            'UpstreamEmptyDnGenerator',
-            (_dfine_probe._UpstreamEmptyDn, type(generator)), {})
-        return generator
-
-
-__all__ = [
-    'DEIMUpstreamEmptyDn', 'DEIMUpstreamEmptyDnHead', 'ResumeRecordHook'
-]
+__all__ = ['DEIMUpstreamEmptyDnHead', 'ResumeRecordHook']

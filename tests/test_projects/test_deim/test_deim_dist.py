@@ -1,7 +1,8 @@
 """DEIM-D-FINE-N (tiny) on 2 real gloo ranks through ``tools/dist_train.sh``,
 ``find_unused_parameters=False``, 20 iterations (2 epochs of 10), with
 DEIM's recipe running (policy, Mosaic, MixUp, multi-scale, flat-cosine,
-EMA), on images without boxes; then a restart.
+EMA), on images without boxes; then a restart. Upstream DEIM's
+empty-batch behaviour as the negative control.
 
 Runs of ``projects/DEIM/configs/deim_hgnetv2_tiny_synthetic.py`` on
 generated data, recorded on every rank by ``GradientRecordHook``
@@ -15,10 +16,18 @@ finiteness, GT count per iteration) and ``ResumeRecordHook``
 - ``half_empty``: a shuffled set, about half of the images empty, the
   whole tiny policy (Mosaic and MixUp in epoch 0, zoom-out / IoU crop in
   epoch 1), a checkpoint per epoch; ``resumed``: the same run restarted
-  from its epoch-1 checkpoint;
-- ``upstream_control``: the negative control, ``empty_rank`` with
-  upstream DEIM's empty-batch behaviour (no dn queries and no dn loss
-  terms on the GT-less rank) and a 20 s collective timeout.
+  from its epoch-1 checkpoint.
+
+The control is not a launch: one DDP step of the tiny model with upstream
+DEIM's empty-batch behaviour (no dn queries and no dn loss terms on the
+GT-less rank) on 2 ranks started by ``run_on_ranks``
+(``control_step_report``, a 10 s collective timeout), rank 1's batch
+without boxes; it fails as the launch did (the reducer's error on the
+GT-less rank, a collective timeout on the other) in under half the
+launch's time. D-FINE's control
+(``test_dfine_dist.py::test_upstream_empty_batch_behaviour_hangs``) still
+shows the hang through the launcher. ``upstream_control_step`` and
+``check_upstream_control_breaks_ddp`` serve the DEIMv2 control too.
 """
 import json
 import os.path as osp
@@ -26,8 +35,10 @@ import os.path as osp
 import pytest
 import torch
 
-from mmddp_ext.testing import make_synthetic_coco
+from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
 from ...helpers import dist_train
+from ...test_models.dino_utils import (build_model, control_step_report,
+                                       raw_batch, record_generator_calls)
 from .deim_utils import PROJECT
 from .test_deim_head import EXPECTED_KEYS
 
@@ -38,12 +49,15 @@ ITERS_PER_EPOCH = 10
 EPOCHS = 2
 ITERS = ITERS_PER_EPOCH * EPOCHS
 EMPTY_RANK = 1
-CONTROL_TIMEOUT_S = 20
+CONTROL_TIMEOUT_S = 10
+# the control's batches: rank 0 two images with 2 and 1 boxes, rank 1
+# (EMPTY_RANK) two without
+CONTROL_GT_COUNTS = [[2, 1], [0, 0]]
 PROBES = ('tests.test_projects.test_dfine.ddp_probe',
           'tests.test_projects.test_deim.deim_probe')
 
 
-def _config(root: str, model: dict = None) -> str:
+def _config(root: str) -> str:
     path = osp.join(root, 'probe_config.py')
     lines = [
         f'_base_ = [{TINY_CONFIG!r}]',
@@ -54,9 +68,6 @@ def _config(root: str, model: dict = None) -> str:
         'warmups=1000, priority=49), dict(type="SetEpochHook"), '
         'dict(type="GradientRecordHook"), dict(type="ResumeRecordHook")]',
     ]
-    if model:
-        items = ', '.join(f'{k}={v!r}' for k, v in model.items())
-        lines.append(f'model = dict({items})')
     with open(path, 'w') as f:
         f.write('\n'.join(lines) + '\n')
     return path
@@ -102,7 +113,7 @@ def _records(work_dir: str, name: str) -> list:
     return found
 
 
-def _run(root, config, options, extra_args=(), check=True):
+def _run(root, config, options, extra_args=()):
     work_dir = osp.join(root, 'work')
     output = dist_train(
         config,
@@ -110,8 +121,7 @@ def _run(root, config, options, extra_args=(), check=True):
         work_dir,
         options,
         extra_args=extra_args,
-        timeout=240,
-        check=check)
+        timeout=240)
     return dict(
         output=output,
         work_dir=work_dir,
@@ -220,45 +230,68 @@ def test_restart_keeps_ema_state_and_policy_epoch(half_empty):
     _check_same_graph_and_keys(resumed, iters=ITERS_PER_EPOCH)
 
 
-def test_upstream_empty_batch_behaviour_fails(tmp_path):
+def upstream_control_step(model) -> dict:
+    """This rank's part of a negative control: one 2-pass DDP step of
+    ``model`` (``control_step_report``: ``find_unused_parameters=False``,
+    collectives timing out after ``CONTROL_TIMEOUT_S``), rank 0's batch
+    with boxes, rank 1's without (``CONTROL_GT_COUNTS``). Returns the
+    report with the dn query count of each forward (``dn_queries``)."""
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    calls = record_generator_calls(model.dn_query_generator)
+    batch = raw_batch(CONTROL_GT_COUNTS[rank], first_index=BATCH * rank)
+    report = control_step_report(model, batch, CONTROL_TIMEOUT_S)
+    return dict(report, dn_queries=[c['num_denoising_queries'] for c in calls])
+
+
+def check_upstream_control_breaks_ddp(results: list,
+                                      expected_keys: set) -> None:
+    """What ``upstream_control_step`` on 2 ranks gives with upstream's
+    empty-batch behaviour: the GT-less rank had no dn queries and its
+    loss dict lacks every dn key (shorter than its peer's, which has
+    ``expected_keys``); DDP stops that rank at the next step ("Expected to
+    have finished reduction") while the rank with boxes waits in the
+    gradient all-reduce until the collective timeout. Prints each rank's
+    error."""
+    with_gt, without = results[1 - EMPTY_RANK], results[EMPTY_RANK]
+    for rank, result in enumerate(results):
+        print(f'\ncontrol rank {rank}: {(result["error"] or "")[:160]}')
+    assert without['dn_queries'][0] == 0
+    assert with_gt['dn_queries'][0] > 0
+    assert set(with_gt['loss_keys'][0]) == expected_keys
+    without_dn = {k for k in expected_keys if '_dn_' not in k}
+    assert set(without['loss_keys'][0]) == without_dn
+    assert len(without['loss_keys'][0]) < len(with_gt['loss_keys'][0])
+    assert 'Expected to have finished reduction' in (without['error'] or '')
+    assert f'Timed out waiting {CONTROL_TIMEOUT_S * 1000}ms' in (
+        with_gt['error'] or '')
+
+
+def _control_rank(upstream: bool = True) -> dict:
+    """``upstream_control_step`` of the tiny DEIM model (no batch
+    augments) with upstream DEIM's empty-batch behaviour: the dn generator
+    of ``DFINEUpstreamEmptyDn`` and the criterion of
+    ``DEIMUpstreamEmptyDnHead``; ``upstream=False`` keeps the port's own
+    (the control's control)."""
+    from mmengine.config import Config
+
+    from . import deim_probe  # noqa: F401  (registers the behaviour)
+    cfg = Config.fromfile(TINY_CONFIG).model
+    cfg.data_preprocessor.batch_augments = None
+    if upstream:
+        cfg.type = 'DFINEUpstreamEmptyDn'
+        cfg.bbox_head.type = 'DEIMUpstreamEmptyDnHead'
+    return upstream_control_step(build_model(cfg))
+
+
+def test_upstream_empty_batch_behaviour_fails():
     """Negative control: with upstream DEIM's empty-batch behaviour the
     GT-less rank has no dn queries, so its loss dict lacks every dn term
-    (shorter than its peer's) and its dn class embedding gets no gradient;
-    DDP's gradient all-reduce of the rank with boxes never completes and
-    the run hangs in its first iteration until the collective timeout
-    (what users saw as an NCCL timeout); no iteration is logged. (With
-    mmddp_ext's RankConsistencyHook on, the same run stops in iteration 1,
-    before the backward, with an error naming the missing dn keys.)"""
-    root = str(tmp_path)
-    data = _data(root, 'odd')
-    work_dir = osp.join(root, 'work')
-    config = _config(
-        root,
-        model=dict(
-            type='DEIMUpstreamEmptyDn',
-            record_dir=work_dir,
-            bbox_head=dict(type='DEIMUpstreamEmptyDnHead')))
-    run = _run(
-        root,
-        config,
-        _options(
-            data,
-            False,
-            [
-                'train_dataloader.dataset.policy.epoch=[2,2,2]',
-                f'env_cfg.dist_cfg.timeout={CONTROL_TIMEOUT_S}',
-                # mmddp_ext's own check would stop it first, with a clear
-                # error naming the missing dn keys: off, as in upstream
-                'mmddp_ext_cfg.rank_consistency=None',
-            ]),
-        check=False)
-    output = run['output']
-    assert output.returncode != 0
-    assert logged_epoch_iters(output.stdout) == []
-    assert f'Timed out waiting {CONTROL_TIMEOUT_S * 1000}ms' in output.stdout
-    keys = _records(work_dir, 'loss_keys')
-    assert len(keys) == WORLD_SIZE
-    with_gt, without = keys[1 - EMPTY_RANK], keys[EMPTY_RANK]
-    assert set(with_gt) == EXPECTED_KEYS
-    assert set(without) == {k for k in EXPECTED_KEYS if '_dn_' not in k}
-    assert len(without) < len(with_gt)
+    (shorter than its peer's, which has every key) and its dn class
+    embedding gets no gradient; DDP (``find_unused_parameters=False``)
+    stops that rank at the next step ("Expected to have finished
+    reduction") while the rank with boxes never completes its gradient
+    all-reduce and waits until the collective timeout (what users saw as
+    an NCCL timeout)."""
+    results = run_on_ranks(_control_rank, WORLD_SIZE, timeout=120)
+    check_upstream_control_breaks_ddp(results, EXPECTED_KEYS)

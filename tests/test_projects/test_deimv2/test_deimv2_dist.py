@@ -23,8 +23,9 @@ matcher, Copy-Blend, the workers' zoom-out / crop, losses).
 The resume builds a Runner in this process from the run's epoch
 checkpoints and stops it before its first iteration (the 2-rank run did
 the training); the control is one DDP step on 2 ranks started by
-``run_on_ranks`` (``control_step_report``), cheaper than a second launch
-and failing as the launch does (the DEIM and D-FINE tests show the launch).
+``run_on_ranks`` (``control_step_report``, through ``test_deim_dist.py``'s
+``upstream_control_step``), cheaper than a second launch and failing as
+the launch does (the D-FINE test shows the launch).
 """
 import math
 import os.path as osp
@@ -37,10 +38,11 @@ from mmengine.hooks import EMAHook, Hook
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
 from ...helpers import dist_train
 from ...test_configs.test_custom_configs_train import as_cli
-from ...test_models.dino_utils import (build_model, control_step_report,
-                                       raw_batch, record_generator_calls,
-                                       swap_behaviour)
-from ..test_deim.test_deim_dist import _records, logged_epoch_iters
+from ...test_models.dino_utils import build_model, swap_behaviour
+from ..test_deim.test_deim_dist import (_records,
+                                        check_upstream_control_breaks_ddp,
+                                        logged_epoch_iters,
+                                        upstream_control_step)
 from ..test_dfine.ddp_probe import _UpstreamEmptyDn
 from .deimv2_probe import UpstreamEmptyDnLosses, matchers
 from .deimv2_utils import PROJECT, model_cfg
@@ -61,8 +63,6 @@ SWITCH_EPOCH = 1
 POLICY = [1, 1, 2]
 VAL_IMAGES = 4
 CURVE_WINDOW = 5
-CONTROL_TIMEOUT_S = 10
-CONTROL_GT_COUNTS = [[2, 1], [0, 0]]
 PROBES = ('tests.test_projects.test_dfine.ddp_probe',
           'tests.test_projects.test_deim.deim_probe',
           'tests.test_projects.test_deimv2.deimv2_probe')
@@ -332,38 +332,24 @@ def test_resume_restores_ema_and_policy_epoch_from_the_checkpoint(
 
 
 def _control_rank():
-    """One 2-pass DDP step of the tiny Atto model with upstream DEIMv2's
-    empty-batch behaviour: rank 0's batch has boxes, rank 1's none."""
-    import torch.distributed as dist
-    rank = dist.get_rank()
+    """``upstream_control_step`` of the tiny Atto model with upstream
+    DEIMv2's empty-batch behaviour: rank 0's batch has boxes, rank 1's
+    none."""
     model = build_model(
         model_cfg(TINY_CONFIG, **{'data_preprocessor.batch_augments': None}))
     swap_behaviour(model.dn_query_generator, _UpstreamEmptyDn)
     swap_behaviour(model.bbox_head, UpstreamEmptyDnLosses)
-    calls = record_generator_calls(model.dn_query_generator)
-    batch = raw_batch(CONTROL_GT_COUNTS[rank], first_index=BATCH * rank)
-    report = control_step_report(model, batch, CONTROL_TIMEOUT_S)
-    return dict(report, dn_queries=[c['num_denoising_queries'] for c in calls])
+    return upstream_control_step(model)
 
 
 def test_upstream_empty_batch_behaviour_breaks_ddp_on_2_ranks():
     """Negative control: upstream DEIMv2's denoising returns None on a
     batch without GT and its criterion then has no dn terms. On the
-    GT-less rank the loss dict lacks every dn key and the dn class
-    embedding gets no gradient; DDP (``find_unused_parameters=False``)
-    stops that rank at the next step ("Expected to have finished
-    reduction") while the rank with boxes waits in the gradient
-    all-reduce until the collective timeout (what users see as an NCCL
-    timeout)."""
+    GT-less rank the loss dict lacks every dn key (shorter than its
+    peer's, which has every key) and the dn class embedding gets no
+    gradient; DDP (``find_unused_parameters=False``) stops that rank at
+    the next step ("Expected to have finished reduction") while the rank
+    with boxes waits in the gradient all-reduce until the collective
+    timeout (what users see as an NCCL timeout)."""
     results = run_on_ranks(_control_rank, WORLD_SIZE, timeout=120)
-    with_gt, without = results[1 - EMPTY_RANK], results[EMPTY_RANK]
-    assert without['dn_queries'][0] == 0
-    assert with_gt['dn_queries'][0] > 0
-    without_dn = {k for k in LIGHT_KEYS if '_dn_' not in k}
-    assert set(without['loss_keys'][0]) == without_dn
-    assert len(without['loss_keys'][0]) < len(LIGHT_KEYS)
-    for rank, result in enumerate(results):
-        print(f'\ncontrol rank {rank}: {(result["error"] or "")[:160]}')
-    assert 'Expected to have finished reduction' in (without['error'] or '')
-    assert f'Timed out waiting {CONTROL_TIMEOUT_S * 1000}ms' in (
-        with_gt['error'] or '')
+    check_upstream_control_breaks_ddp(results, LIGHT_KEYS)
