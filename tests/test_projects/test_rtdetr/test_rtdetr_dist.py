@@ -4,8 +4,11 @@ GT-less images, with ``find_unused_parameters=False``.
 Each world size spawns once (``dist_run``): every rank runs two plain-DDP
 steps on a fixed batch (rank 1's has no GT), then
 ``tools/dist_train.sh configs/rtdetr_tiny.py`` trains on an unshuffled
-synthetic dataset where the same rank only ever draws empty images. The
-tests below check different parts of what was reported.
+synthetic dataset where the same rank only ever draws empty images (on 3
+ranks ``tools/train.py`` as that script starts it, on ranks forked with
+their imports done: ``tests/helpers.py::train_on_ranks``; the world size is
+its subject). The tests below check different parts of what was
+reported.
 """
 import re
 
@@ -13,7 +16,8 @@ import pytest
 
 from mmddp_ext.testing import (like_a_rank, make_synthetic_coco,
                                run_on_ranks)
-from ...helpers import data_options, dist_train, rank0_log, tiny_options
+from ...helpers import (data_options, dist_train, rank0_log, tiny_options,
+                        train_on_ranks)
 from ...test_models.dino_utils import (ddp_step_report, global_relative_error,
                                        loss_and_grads, raw_batch,
                                        relative_errors)
@@ -60,8 +64,9 @@ def dist_run(request, tmp_path_factory):
         'model_wrapper_cfg.type=MMDistributedDataParallel',
         'model_wrapper_cfg.find_unused_parameters=False',
     ]
-    output = dist_train(
-        TINY_CONFIG, world_size, work_dir, options, timeout=150)
+    launch = dist_train if world_size == 2 else train_on_ranks
+    output = launch(TINY_CONFIG, world_size, work_dir, options, timeout=150)
+    assert output.returncode == 0, output.stdout[-4000:]
     return world_size, steps, output, rank0_log(work_dir)
 
 
