@@ -8,8 +8,9 @@ loaded through a run's ``custom_imports`` next to
   the matcher's cost and the matchings made with GT under each cost, the
   Copy-Blend and MixUp calls (and the boxes Copy-Blend pasted), the
   samples the data workers resized from a shape other than the image's
-  own (the zoom-out / IoU crop of the policy ran), and each iteration's
-  total loss;
+  own (the zoom-out / IoU crop of the policy ran), the process ids of the
+  data workers that loaded the epoch (the same ids again: persistent
+  workers kept; new ones: restarted), and each iteration's total loss;
 - ``UpstreamEmptyDnLosses`` is a head mixin for the negative control:
   upstream DEIMv2's criterion on a batch without dn queries (no
   ``dn_outputs``: no dn loss terms);
@@ -52,6 +53,14 @@ def resized_from_another_shape(sample) -> bool:
     ori_h, ori_w = sample.metainfo['ori_shape'][:2]
     return (round(width / scale_w) != ori_w
             or round(height / scale_h) != ori_h)
+
+
+def worker_pids(loader) -> list:
+    """Process ids of ``loader``'s running data workers, sorted; [] when
+    it has none running (torch keeps a persistent-worker loader's
+    iterator, and so its worker processes, in ``_iterator``)."""
+    iterator = getattr(loader, '_iterator', None)
+    return sorted(w.pid for w in getattr(iterator, '_workers', ()))
 
 
 @HOOKS.register_module()
@@ -132,6 +141,7 @@ class DEIMv2RecipeRecordHook(Hook):
             matchings_with_gt_early_cost=0,
             matchings_with_gt_late_cost=0,
             resized_from_another_shape=0,
+            worker_pids=[],
             losses=[])
         self.record['epochs'].append(epoch)
 
@@ -141,6 +151,8 @@ class DEIMv2RecipeRecordHook(Hook):
                          data_batch=None,
                          outputs=None) -> None:
         current = self._current()
+        if not current['losses']:
+            current['worker_pids'] = worker_pids(runner.train_dataloader)
         current['losses'].append(float(outputs['loss']))
         current['resized_from_another_shape'] += sum(
             map(resized_from_another_shape, data_batch['data_samples']))

@@ -1,24 +1,40 @@
 """DEIMv2-Atto (the tiny synthetic config) on 2 real gloo ranks through
 ``tools/dist_train.sh``, plain ``MMDistributedDataParallel`` with
-``find_unused_parameters=False``, 20 iterations (2 epochs of 10) on a set
-where rank 1 reads only images without boxes; a resume from its
-checkpoints; upstream's empty-batch behaviour as the negative control.
+``find_unused_parameters=False``, 30 iterations (3 epochs of 10) on a set
+where rank 1 reads only images without boxes, across the epochs where
+the recipe switches, Mosaic in the data workers included; a resume from
+its checkpoints; upstream's empty-batch behaviour as the negative
+control.
 
 One launch (``empty_rank``) of
 ``projects/DEIMv2/configs/deimv2_hgnetv2_atto_tiny_synthetic.py`` on
 generated data: an unshuffled sampler gives rank 1 the odd images, all
 without boxes; 2 persistent data workers per rank; a checkpoint per epoch;
-validation (pycocotools) at the end. Epoch 1 is where the recipe
-switches: the data policy (here ``[1, 1, 2]``: no policy op in epoch 0,
-photometric distortion / zoom-out / IoU crop in epoch 1; the tiny
-config's Mosaic of epoch 0 would paste other ranks' images into rank 1's),
-Copy-Blend starts, the matcher changes to ``-(p * IoU^4)``, MixUp and the
-multi-scale batches stop. Every rank records (``GradientRecordHook`` of
+validation (pycocotools) at the end. The recipe switches twice:
+
+- epoch 1: Copy-Blend starts (for one epoch), the matcher changes to
+  ``-(p * IoU^4)``, MixUp (epoch 0 only) and the multi-scale batches stop;
+- epoch 2: the data policy (here ``[2, 3, 3]``) goes from stage 0 (no
+  policy op, epochs 0 and 1) to stage 1: each sample draws the config's
+  Mosaic (``mosaic_prob``) or, without it, zoom-out / IoU crop, with
+  photometric distortion in both; ``SetEpochHook`` restarts the
+  persistent workers so that they see it (where upstream users report
+  Mosaic deadlocks with workers: D-FINE #311, DEIMv2 #93).
+
+The policy is shifted from the tiny config's ``[0, 1, 2]`` so that rank
+1 is strictly GT-less for 20 iterations (epochs 0 and 1: Mosaic draws
+three other images of the whole set into a sample, which gives rank 1
+boxes); in epoch 2 the boxes rank 1 trains with are Mosaic's alone
+(Copy-Blend pastes only from the same batch and is off again, MixUp is
+off), which is how the test sees that Mosaic ran in the restarted
+workers. The tiny config's schedule ends at its 2 epochs: epoch 2 trains
+at the last learning rate. Every rank records (``GradientRecordHook`` of
 ``test_dfine/ddp_probe.py``: parameters with a gradient, loss keys,
 finiteness, GT count; ``ResumeRecordHook`` of ``test_deim/deim_probe.py``:
 the epoch given to the policy and the batch augments;
-``DEIMv2RecipeRecordHook`` of ``deimv2_probe.py``: wrapper, workers,
-matcher, Copy-Blend, the workers' zoom-out / crop, losses).
+``DEIMv2RecipeRecordHook`` of ``deimv2_probe.py``: wrapper, workers and
+their process ids, matcher, Copy-Blend, MixUp, the workers' zoom-out /
+crop, losses).
 
 The resume builds a Runner in this process from the run's epoch
 checkpoints and stops it before its first iteration (the 2-rank run did
@@ -53,14 +69,19 @@ TINY_CONFIG = osp.join(PROJECT, 'configs',
 WORLD_SIZE = 2
 BATCH = 2
 ITERS_PER_EPOCH = 10
-EPOCHS = 2
+EPOCHS = 3
 ITERS = ITERS_PER_EPOCH * EPOCHS
 EMPTY_RANK = 1
-# the epoch where the policy, Copy-Blend and the matcher switch
+# the epoch where Copy-Blend starts and the matcher changes (tiny config)
 SWITCH_EPOCH = 1
-# policy [1, 1, 2]: stage 0 (no op) in epoch 0, stage 2 (all but Mosaic)
-# in epoch 1, stage 3 (no op) from epoch 2 on
-POLICY = [1, 1, 2]
+# the epoch where the data policy switches to its Mosaic stage
+POLICY_EPOCH = 2
+# EpochPolicyDataset.stage: stage 0 (no op) in epochs 0 and 1, stage 1
+# (Mosaic, or zoom-out / IoU crop without it) in epoch 2, stage 3 (no op)
+# from epoch 3 on
+POLICY = [POLICY_EPOCH, POLICY_EPOCH + 1, POLICY_EPOCH + 1]
+# the iterations before the policy switch: rank 1 strictly GT-less
+GT_LESS_ITERS = ITERS_PER_EPOCH * POLICY_EPOCH
 VAL_IMAGES = 4
 CURVE_WINDOW = 5
 PROBES = ('tests.test_projects.test_dfine.ddp_probe',
@@ -146,8 +167,9 @@ def test_rank_with_only_empty_images_trains_every_parameter(empty_rank):
     """Plain DDP (``find_unused_parameters=False``) with 2 persistent
     workers on every rank; every iteration on every rank: every trainable
     parameter got a gradient, Atto's full loss keys (dn terms included),
-    the same as the peer's, all finite; rank 1 saw no box, rank 0 some in
-    every batch; MMEngine logged all 20 iterations."""
+    the same as the peer's, all finite; rank 1 saw no box in the 20
+    iterations before the Mosaic epoch, rank 0 some in every batch;
+    MMEngine logged all 30 iterations."""
     output = empty_rank['output'].stdout
     assert len(logged_epoch_iters(output)) == ITERS
     grads, recipe = empty_rank['grads'], empty_rank['recipe']
@@ -166,48 +188,96 @@ def test_rank_with_only_empty_images_trains_every_parameter(empty_rank):
             assert step['loss_keys'] == peer['loss_keys']
             assert step['all_finite'], (rank, step)
     gt = [[s['num_gt'] for s in r['records']] for r in grads]
-    assert set(gt[EMPTY_RANK]) == {0}
+    assert set(gt[EMPTY_RANK][:GT_LESS_ITERS]) == {0}
     assert all(n > 0 for n in gt[1 - EMPTY_RANK])
 
 
-def test_policy_copy_blend_and_matcher_switch_at_epoch_1_on_every_rank(
-        empty_rank):
-    """On every rank, epoch by epoch: the policy's epoch and stage (0,
-    then 2), the batch augments' epoch, the matcher's cost (changed from
-    epoch 1 on); the restarted workers ran zoom-out / IoU crop only in
-    epoch 1; MixUp ran only in epoch 0, Copy-Blend only in epoch 1
-    (pasting boxes on rank 0; none to paste on rank 1); rank 0 matched
-    with the first cost in epoch 0 and the product cost in epoch 1.
-    Rank 0's log has the worker restart and the matcher change."""
+def test_copy_blend_and_matcher_switch_at_epoch_1_on_every_rank(empty_rank):
+    """On every rank, epoch by epoch: the batch augments' epoch and the
+    matcher's cost (changed from epoch 1 on); MixUp ran only in epoch 0,
+    Copy-Blend only in epoch 1 (pasting boxes on rank 0; none to paste on
+    rank 1); rank 0 matched with the first cost in epoch 0 and the product
+    cost from epoch 1 on, rank 1 matched nothing before the Mosaic epoch.
+    Rank 0's log has the matcher change."""
     output = empty_rank['output'].stdout
-    assert (
-        'SetEpochHook: the data policy changes at epoch '
-        f'{SWITCH_EPOCH}; restarting the persistent data workers.') in output
     assert (f'DEIMv2HungarianAssigner: epoch {SWITCH_EPOCH}: matching with '
             '-(p * IoU^4) from now on') in output
     assert len(empty_rank['epochs']) == WORLD_SIZE
     for record in empty_rank['epochs']:
-        assert record['epochs'] == [
-            dict(epoch=0, dataset_epochs=[0], stages=[0], augment_epochs=[0]),
-            dict(epoch=1, dataset_epochs=[1], stages=[2], augment_epochs=[1]),
-        ]
+        assert [e['augment_epochs'] for e in record['epochs']] == [[0], [1],
+                                                                   [2]]
     for rank, record in enumerate(empty_rank['recipe']):
-        before, after = record['epochs']
-        assert (before['epoch'], after['epoch']) == (0, SWITCH_EPOCH)
-        assert before['matcher_changed'] == [False], rank
-        assert after['matcher_changed'] == [True], rank
-        assert before['resized_from_another_shape'] == 0, rank
-        assert after['resized_from_another_shape'] > 0, rank
-        assert before['mixup_calls'] > 0 and after['mixup_calls'] == 0
-        assert before['copy_blend_calls'] == 0, rank
-        assert after['copy_blend_calls'] > 0, rank
-        pasted = after['copy_blend_pasted']
+        epochs = record['epochs']
+        assert [e['epoch'] for e in epochs] == list(range(EPOCHS)), rank
+        assert [e['matcher_changed'] for e in epochs] == [[False], [True],
+                                                          [True]], rank
+        assert [e['matcher_epochs'] for e in epochs] == [[0], [1], [2]]
+        assert epochs[0]['mixup_calls'] > 0, rank
+        assert epochs[1]['mixup_calls'] == epochs[2]['mixup_calls'] == 0
+        assert epochs[0]['copy_blend_calls'] == 0, rank
+        assert epochs[1]['copy_blend_calls'] > 0, rank
+        assert epochs[2]['copy_blend_calls'] == 0, rank
+        pasted = epochs[SWITCH_EPOCH]['copy_blend_pasted']
         assert pasted == 0 if rank == EMPTY_RANK else pasted > 0, rank
     with_gt = empty_rank['recipe'][1 - EMPTY_RANK]['epochs']
     assert with_gt[0]['matchings_with_gt_early_cost'] > 0
     assert with_gt[0]['matchings_with_gt_late_cost'] == 0
-    assert with_gt[1]['matchings_with_gt_early_cost'] == 0
-    assert with_gt[1]['matchings_with_gt_late_cost'] > 0
+    for epoch in with_gt[SWITCH_EPOCH:]:
+        assert epoch['matchings_with_gt_early_cost'] == 0
+        assert epoch['matchings_with_gt_late_cost'] > 0
+    gt_less = empty_rank['recipe'][EMPTY_RANK]['epochs'][:POLICY_EPOCH]
+    for epoch in gt_less:
+        assert epoch['matchings_with_gt_early_cost'] == 0
+        assert epoch['matchings_with_gt_late_cost'] == 0
+
+
+def test_policy_switch_runs_mosaic_in_restarted_workers_on_every_rank(
+        empty_rank):
+    """The data policy's Mosaic stage in persistent workers across the
+    switch, on every rank: the policy's epoch and stage per epoch (0, 0,
+    1); the same 2 worker processes loaded epochs 0 and 1, 2 new ones
+    epoch 2 (rank 0's log: the restart, at epoch 2 only); in epoch 2 the
+    restarted workers ran Mosaic (some batches they load for the GT-less
+    rank carry boxes, counted before the batch augments: in the pipeline
+    only Mosaic draws other images, from the whole set; MixUp and
+    Copy-Blend, which mix only the batch's own images, are off; its
+    matcher matched them) and, in the other samples, zoom-out / IoU crop
+    (samples resized from another shape than the file's, none before)."""
+    output = empty_rank['output'].stdout
+    restart = (f'SetEpochHook: the data policy changes at epoch '
+               f'{POLICY_EPOCH}; restarting the persistent data workers.')
+    assert restart in output
+    assert output.count('restarting the persistent data workers') == 1
+    for record in empty_rank['epochs']:
+        assert record['epochs'] == [
+            dict(
+                epoch=epoch,
+                dataset_epochs=[epoch],
+                stages=[stage],
+                augment_epochs=[epoch])
+            for epoch, stage in zip(range(EPOCHS), [0, 0, 1])
+        ]
+    for rank, record in enumerate(empty_rank['recipe']):
+        pids = [e['worker_pids'] for e in record['epochs']]
+        assert len(pids[0]) == 2 and pids[1] == pids[0], (rank, pids)
+        assert len(pids[2]) == 2 and not set(pids[2]) & set(pids[0]), rank
+        resized = [e['resized_from_another_shape'] for e in record['epochs']]
+        assert resized[:POLICY_EPOCH] == [0] * POLICY_EPOCH, (rank, resized)
+        assert resized[POLICY_EPOCH] > 0, (rank, resized)
+        mosaic_epoch = record['epochs'][POLICY_EPOCH]
+        assert mosaic_epoch['mixup_calls'] == 0, rank
+        assert mosaic_epoch['copy_blend_calls'] == 0, rank
+    records = empty_rank['grads'][EMPTY_RANK]['records']
+    gt = [step['num_gt'] for step in records]
+    assert set(gt[:GT_LESS_ITERS]) == {0}
+    assert sum(n > 0 for n in gt[GT_LESS_ITERS:]) > 0, gt
+    mosaic_epoch = empty_rank['recipe'][EMPTY_RANK]['epochs'][POLICY_EPOCH]
+    assert mosaic_epoch['matchings_with_gt_late_cost'] > 0
+    print(f'\nrank {EMPTY_RANK}, Mosaic epoch {POLICY_EPOCH}: GT per batch '
+          f'{gt[GT_LESS_ITERS:]}; samples resized from another shape, rank '
+          '0 / 1: ' + ' / '.join(
+              str(r['epochs'][POLICY_EPOCH]['resized_from_another_shape'])
+              for r in empty_rank['recipe']))
 
 
 def _mean(values) -> float:
@@ -276,19 +346,20 @@ def _sums(state: dict) -> dict:
     }
 
 
-@pytest.mark.parametrize('checkpoint, max_epochs, stage, copy_blend',
-                         [('epoch_1.pth', EPOCHS, 2, True),
-                          ('epoch_2.pth', EPOCHS + 1, 3, False)])
+@pytest.mark.parametrize('checkpoint, max_epochs, stage',
+                         [('epoch_2.pth', EPOCHS, 1),
+                          ('epoch_3.pth', EPOCHS + 1, 3)])
 def test_resume_restores_ema_and_policy_epoch_from_the_checkpoint(
-        empty_rank, tmp_path, checkpoint, max_epochs, stage, copy_blend):
-    """A Runner resumed in this process from the run's checkpoint of the
-    switch epoch (``epoch_1.pth``) and of the one after it
-    (``epoch_2.pth``, the run extended by an epoch): its EMA is the
-    checkpoint's average (weights and update count, not a copy of the
-    model, whose weights the checkpoint holds apart), and the policy,
-    batch augments and matcher start at the checkpoint's epoch (stage 2
-    and Copy-Blend on at epoch 1; stage 3, Copy-Blend off at epoch 2; the
-    matcher changed at both)."""
+        empty_rank, tmp_path, checkpoint, max_epochs, stage):
+    """A Runner resumed in this process from the run's checkpoint before
+    the policy switch (``epoch_2.pth``, saved after epoch 1 of stage 0)
+    and from the one after it (``epoch_3.pth``, the run extended by an
+    epoch): its EMA is the checkpoint's average (weights and update count,
+    not a copy of the model, whose weights the checkpoint holds apart),
+    and the policy, batch augments and matcher start at the checkpoint's
+    epoch (stage 1, the Mosaic stage, at epoch 2; stage 3 at epoch 3; the
+    matcher changed and Copy-Blend's window, epoch 1 only, over at
+    both)."""
     import torch
     from mmengine.config import Config
     from mmengine.registry import RUNNERS
@@ -327,7 +398,7 @@ def test_resume_restores_ema_and_policy_epoch_from_the_checkpoint(
     assert (state['epoch'], state['iter']) == (epoch, epoch * ITERS_PER_EPOCH)
     assert state['dataset_epoch'] == state['augment_epoch'] == epoch
     assert state['stage'] == stage
-    assert state['copy_blend_window'] is copy_blend
+    assert state['copy_blend_window'] is False
     assert state['matcher_changed'] == [True]
 
 
