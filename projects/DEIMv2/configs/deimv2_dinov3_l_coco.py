@@ -9,69 +9,35 @@
 # GPUs; Copy-Blend (probability 0.5) in [4, 60]. Criterion: the matcher change
 # at epoch 50 (cost -(p * IoU^4) from then on). Not ported: ema_restart_decay
 # 0.9999 (no effect upstream, see the README).
-_base_ = ['./_base_/deimv2_coco.py']
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
+_base_ = ['./_base_/deimv2_dinov3_coco.py']
 embed_dims = 224
-num_levels = 3
 model = dict(
-    # DINOv3 sizes: ImageNet mean / std (upstream Normalize)
-    data_preprocessor=dict(
-        mean=[123.675, 116.28, 103.53],
-        std=[58.395, 57.12, 57.375],
-        batch_augments=[
-            dict(
-                type='DEIMv2CollateBatchAugment',
-                mixup_prob=0.5,
-                mixup_epochs=[4, 34],
-                scales=[480, 512, 544, 576, 608] + [640] * 3 +
-                [800, 768, 736, 704, 672],
-                stop_epoch=60,
-                copyblend_prob=0.5,
-                copyblend_epochs=[4, 60],
-                area_threshold=100,
-                num_objects=3,
-                with_expand=True,
-                expand_ratios=[0.1, 0.25])
-        ]),
-    num_queries=300,
-    num_feature_levels=num_levels,
-    feat_channels=[embed_dims] * num_levels,
+    data_preprocessor=dict(batch_augments=[
+        dict(
+            _base_.model.data_preprocessor.batch_augments[0],
+            mixup_epochs=[4, 34],
+            scales=[480, 512, 544, 576, 608] + [640] * 3 +
+            [800, 768, 736, 704, 672],
+            stop_epoch=60,
+            copyblend_epochs=[4, 60])
+    ]),
+    feat_channels=[embed_dims] * _base_.num_levels,
     backbone=dict(
-        _delete_=True,
-        type='DINOv3STAs',
         name='dinov3_vits16',
         interaction_indexes=[5, 8, 11],
         conv_inplane=32,
         hidden_dim=224,
-        vit_init_cfg=dict(
-            type='Pretrained',
-            checkpoint='checkpoints/'
-            'dinov3_vits16_pretrain_lvd1689m-08c60483.pth')),
+        vit_init_cfg=dict(checkpoint='checkpoints/'
+                          'dinov3_vits16_pretrain_lvd1689m-08c60483.pth')),
     neck=dict(
         in_channels=[224, 224, 224], hidden_dim=224, feedforward_channels=896),
     decoder=dict(
-        num_layers=4,
-        layer_cfg=dict(
-            embed_dims=embed_dims,
-            feedforward_channels=1792,
-            num_levels=num_levels,
-            num_points=[3, 6, 3],
-            use_gateway=True)),
+        layer_cfg=dict(embed_dims=embed_dims, feedforward_channels=1792)),
     bbox_head=dict(embed_dims=embed_dims),
-    train_cfg=dict(assigner=dict(matcher_change_epoch=50)),
-    test_cfg=dict(max_per_img=300))
-train_dataloader = dict(
-    batch_size=4,
-    dataset=dict(policy=dict(epoch=[4, 34, 60]), mosaic_prob=0.5))
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
+    train_cfg=dict(assigner=dict(matcher_change_epoch=50)))
+train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 34, 60])))
 optim_wrapper = dict(
-    optimizer=dict(lr=0.0005, weight_decay=0.000125),
+    optimizer=dict(weight_decay=0.000125),
     paramwise_cfg=dict(params=[
         # except norm/bn/bias in self.dinov3
         dict(params='^(?=.*.dinov3)(?!.*(?:norm|bn|bias)).*$', lr=1.25e-05),
@@ -89,15 +55,8 @@ max_epochs = 68
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=34,
         no_aug_epoch=8,
-        lr_gamma=0.5,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]
-auto_scale_lr = dict(base_batch_size=32)

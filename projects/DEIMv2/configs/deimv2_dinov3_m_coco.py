@@ -9,47 +9,25 @@
 # GPUs; Copy-Blend (probability 0.5) in [4, 90]. Criterion: the matcher change
 # at epoch 80 (cost -(p * IoU^4) from then on). Not ported: ema_restart_decay
 # 0.9999 (no effect upstream, see the README).
-_base_ = ['./_base_/deimv2_coco.py']
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
+_base_ = ['./_base_/deimv2_dinov3_coco.py']
 embed_dims = 256
-num_levels = 3
 model = dict(
-    # DINOv3 sizes: ImageNet mean / std (upstream Normalize)
-    data_preprocessor=dict(
-        mean=[123.675, 116.28, 103.53],
-        std=[58.395, 57.12, 57.375],
-        batch_augments=[
-            dict(
-                type='DEIMv2CollateBatchAugment',
-                mixup_prob=0.5,
-                mixup_epochs=[4, 49],
-                scales=[480, 512, 544, 576, 608] + [640] * 6 +
-                [800, 768, 736, 704, 672],
-                stop_epoch=90,
-                copyblend_prob=0.5,
-                copyblend_epochs=[4, 90],
-                area_threshold=100,
-                num_objects=3,
-                with_expand=True,
-                expand_ratios=[0.1, 0.25])
-        ]),
-    num_queries=300,
-    num_feature_levels=num_levels,
-    feat_channels=[embed_dims] * num_levels,
+    data_preprocessor=dict(batch_augments=[
+        dict(
+            _base_.model.data_preprocessor.batch_augments[0],
+            mixup_epochs=[4, 49],
+            scales=[480, 512, 544, 576, 608] + [640] * 6 +
+            [800, 768, 736, 704, 672],
+            stop_epoch=90,
+            copyblend_epochs=[4, 90])
+    ]),
+    feat_channels=[embed_dims] * _base_.num_levels,
     backbone=dict(
-        _delete_=True,
-        type='DINOv3STAs',
         name='vit_tinyplus',
         embed_dim=256,
         num_heads=4,
         interaction_indexes=[3, 7, 11],
-        vit_init_cfg=dict(
-            type='Pretrained', checkpoint='checkpoints/vittplus_distill.pt')),
+        vit_init_cfg=dict(checkpoint='checkpoints/vittplus_distill.pt')),
     neck=dict(
         in_channels=[256, 256, 256],
         hidden_dim=256,
@@ -57,49 +35,16 @@ model = dict(
         expansion=0.67,
         depth_mult=1.0),
     decoder=dict(
-        num_layers=4,
-        layer_cfg=dict(
-            embed_dims=embed_dims,
-            feedforward_channels=512,
-            num_levels=num_levels,
-            num_points=[3, 6, 3],
-            use_gateway=True)),
+        layer_cfg=dict(embed_dims=embed_dims, feedforward_channels=512)),
     bbox_head=dict(embed_dims=embed_dims),
-    train_cfg=dict(assigner=dict(matcher_change_epoch=80)),
-    test_cfg=dict(max_per_img=300))
-train_dataloader = dict(
-    batch_size=4,
-    dataset=dict(policy=dict(epoch=[4, 49, 90]), mosaic_prob=0.5))
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
-optim_wrapper = dict(
-    optimizer=dict(lr=0.0005, weight_decay=0.0001),
-    paramwise_cfg=dict(params=[
-        # except norm/bn/bias in self.dinov3
-        dict(params='^(?=.*.dinov3)(?!.*(?:norm|bn|bias)).*$', lr=2.5e-05),
-        # norm/bn/bias in self.dinov3
-        dict(
-            params='^(?=.*.dinov3)(?=.*(?:norm|bn|bias)).*$',
-            lr=2.5e-05,
-            weight_decay=0.),
-        # norm/bn/bias outside self.dinov3
-        dict(
-            params='^(?=.*(?:sta|encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
-            weight_decay=0.),
-    ]))
+    train_cfg=dict(assigner=dict(matcher_change_epoch=80)))
+train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 49, 90])))
 max_epochs = 102
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=49,
         no_aug_epoch=12,
-        lr_gamma=0.5,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]
-auto_scale_lr = dict(base_batch_size=32)

@@ -9,74 +9,28 @@
 # GPUs; Copy-Blend (probability 0.5) in [4, 50]. Criterion: the matcher change
 # at epoch 45 (cost -(p * IoU^4) from then on). Not ported: ema_restart_decay
 # 0.9999 (no effect upstream, see the README).
-_base_ = ['./_base_/deimv2_coco.py']
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
-embed_dims = 256
-num_levels = 3
+_base_ = ['./_base_/deimv2_s_to_x_coco.py']
 model = dict(
     data_preprocessor=dict(batch_augments=[
         dict(
-            type='DEIMv2CollateBatchAugment',
-            mixup_prob=0.5,
+            _base_.model.data_preprocessor.batch_augments[0],
             mixup_epochs=[4, 29],
             scales=[480, 512, 544, 576, 608] + [640] * 4 +
             [800, 768, 736, 704, 672],
             stop_epoch=50,
-            copyblend_prob=0.5,
-            copyblend_epochs=[4, 50],
-            area_threshold=100,
-            num_objects=3,
-            with_expand=True,
-            expand_ratios=[0.1, 0.25])
+            copyblend_epochs=[4, 50])
     ]),
-    num_queries=300,
-    num_feature_levels=num_levels,
-    feat_channels=[embed_dims] * num_levels,
     backbone=dict(
         init_cfg=dict(
             type='Pretrained',
-            checkpoint='checkpoints/PPHGNetV2_B4_stage1.pth')),
-    decoder=dict(
-        num_layers=6,
-        layer_cfg=dict(
-            embed_dims=embed_dims,
-            feedforward_channels=2048,
-            num_levels=num_levels,
-            num_points=[3, 6, 3],
-            use_gateway=True)),
-    bbox_head=dict(embed_dims=embed_dims),
-    test_cfg=dict(max_per_img=300))
-train_dataloader = dict(
-    batch_size=4,
-    dataset=dict(policy=dict(epoch=[4, 29, 50]), mosaic_prob=0.5))
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
-optim_wrapper = dict(
-    optimizer=dict(lr=0.0005, weight_decay=0.000125),
-    paramwise_cfg=dict(params=[
-        dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=2.5e-05),
-        dict(
-            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn)).*$',
-            weight_decay=0.),
-    ]))
+            checkpoint='checkpoints/PPHGNetV2_B4_stage1.pth')))
+train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 29, 50])))
 max_epochs = 58
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=29,
         no_aug_epoch=8,
-        lr_gamma=0.5,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]
-auto_scale_lr = dict(base_batch_size=32)

@@ -10,15 +10,8 @@
 # change at epoch 450 (cost -(p * IoU^4) from then on) and upstream's losses
 # ['mal', 'boxes'] (no FGL / DDF) with use_uni_set False. Not ported:
 # ema_restart_decay 0.9999 (no effect upstream, see the README).
-_base_ = ['./_base_/deimv2_coco.py']
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
+_base_ = ['./_base_/deimv2_hgnetv2_light_coco.py']
 embed_dims = 112
-num_levels = 2
 image_size = 640
 train_pipeline = [
     dict(
@@ -47,89 +40,12 @@ test_pipeline = [
                    'scale_factor'))
 ]
 model = dict(
-    data_preprocessor=dict(batch_augments=[
-        dict(
-            type='DEIMv2CollateBatchAugment',
-            mixup_prob=0.0,
-            mixup_epochs=[40000, 15000],
-            scales=None,
-            stop_epoch=468,
-            copyblend_prob=0.0,
-            copyblend_epochs=[40000, 15000],
-            area_threshold=100,
-            num_objects=3,
-            with_expand=True,
-            expand_ratios=[0.1, 0.25])
-    ]),
     num_queries=200,
-    num_feature_levels=num_levels,
-    feat_channels=[embed_dims] * num_levels,
-    backbone=dict(
-        arch='Pico',
-        use_lab=True,
-        out_indices=(2, ),
-        # upstream starts Pico from B0's file, loading what matches
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint='checkpoints/PPHGNetV2_B0_stage1.pth')),
-    neck=dict(
-        _delete_=True,
-        type='DEIMv2LiteEncoder',
-        in_channels=[512],
-        hidden_dim=112,
-        expansion=0.34,
-        depth_mult=0.5,
-        act='silu'),
+    feat_channels=[embed_dims] * _base_.num_levels,
+    backbone=dict(arch='Pico'),
+    neck=dict(in_channels=[512], hidden_dim=embed_dims),
     decoder=dict(
-        num_layers=3,
-        layer_cfg=dict(
-            embed_dims=embed_dims,
-            feedforward_channels=320,
-            num_levels=num_levels,
-            num_points=[4, 2],
-            use_gateway=False)),
-    bbox_head=dict(
-        embed_dims=embed_dims,
-        share_bbox_head=True,
-        # upstream DEIMCriterion: no FGL / DDF, each output's own matching
-        # for its box terms
-        losses=['mal', 'boxes'],
-        use_uni_set=False),
-    train_cfg=dict(assigner=dict(matcher_change_epoch=450)),
+        layer_cfg=dict(embed_dims=embed_dims, feedforward_channels=320)),
+    bbox_head=dict(embed_dims=embed_dims),
     test_cfg=dict(max_per_img=200))
-train_dataloader = dict(
-    batch_size=16,
-    dataset=dict(
-        pipeline=train_pipeline,
-        policy=dict(epoch=[4, 250, 400]),
-        mosaic_prob=0.5))
-val_dataloader = dict(batch_size=32)
-test_dataloader = val_dataloader
-optim_wrapper = dict(
-    optimizer=dict(lr=0.0016, weight_decay=0.0001),
-    paramwise_cfg=dict(params=[
-        dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=0.0008),
-        dict(
-            params='^(?=.*backbone)(?=.*norm|bn).*$',
-            lr=0.0008,
-            weight_decay=0.),
-        dict(
-            params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
-            weight_decay=0.),
-    ]))
-max_epochs = 500
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(
-        type='FlatCosineLR',
-        warmup_iter=4000,
-        flat_epoch=250,
-        no_aug_epoch=32,
-        lr_gamma=0.5,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
-]
-auto_scale_lr = dict(base_batch_size=128)
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline, mosaic_prob=0.5))

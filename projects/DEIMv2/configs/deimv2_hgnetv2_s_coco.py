@@ -9,38 +9,20 @@
 # GPUs; Copy-Blend (probability 0.5) in [4, 120]. Criterion: the matcher change
 # at epoch 100 (cost -(p * IoU^4) from then on). Not ported: ema_restart_decay
 # 0.9999 (no effect upstream, see the README).
-_base_ = ['./_base_/deimv2_coco.py']
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
-embed_dims = 256
-num_levels = 3
+_base_ = ['./_base_/deimv2_s_to_x_coco.py']
 model = dict(
     data_preprocessor=dict(batch_augments=[
         dict(
-            type='DEIMv2CollateBatchAugment',
-            mixup_prob=0.5,
+            _base_.model.data_preprocessor.batch_augments[0],
             mixup_epochs=[4, 64],
             scales=[480, 512, 544, 576, 608] + [640] * 20 +
             [800, 768, 736, 704, 672],
             stop_epoch=120,
-            copyblend_prob=0.5,
-            copyblend_epochs=[4, 120],
-            area_threshold=100,
-            num_objects=3,
-            with_expand=True,
-            expand_ratios=[0.1, 0.25])
+            copyblend_epochs=[4, 120])
     ]),
-    num_queries=300,
-    num_feature_levels=num_levels,
-    feat_channels=[embed_dims] * num_levels,
     backbone=dict(
         arch='B0',
         use_lab=True,
-        out_indices=(1, 2, 3),
         init_cfg=dict(
             type='Pretrained',
             checkpoint='checkpoints/PPHGNetV2_B0_stage1.pth')),
@@ -50,22 +32,9 @@ model = dict(
         depth_mult=0.34,
         expansion=0.5,
         version='dfine'),
-    decoder=dict(
-        num_layers=3,
-        layer_cfg=dict(
-            embed_dims=embed_dims,
-            feedforward_channels=2048,
-            num_levels=num_levels,
-            num_points=[3, 6, 3],
-            use_gateway=True)),
-    bbox_head=dict(embed_dims=embed_dims),
-    train_cfg=dict(assigner=dict(matcher_change_epoch=100)),
-    test_cfg=dict(max_per_img=300))
-train_dataloader = dict(
-    batch_size=4,
-    dataset=dict(policy=dict(epoch=[4, 64, 120]), mosaic_prob=0.5))
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
+    decoder=dict(num_layers=3),
+    train_cfg=dict(assigner=dict(matcher_change_epoch=100)))
+train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 64, 120])))
 optim_wrapper = dict(
     optimizer=dict(lr=0.0004, weight_decay=0.0001),
     paramwise_cfg=dict(params=[
@@ -76,15 +45,8 @@ max_epochs = 132
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=64,
         no_aug_epoch=12,
-        lr_gamma=0.5,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]
-auto_scale_lr = dict(base_batch_size=32)
