@@ -38,10 +38,7 @@ model = dict(
             type='MatchabilityAwareLoss',
             gamma=1.5,
             loss_weight=1.0)))
-train_dataloader = dict(
-    batch_size=4, dataset=dict(policy=dict(epoch=[4, 49, 90])))
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
+train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 49, 90])))
 optim_wrapper = dict(
     optimizer=dict(lr=4e-4, weight_decay=1e-4),
     paramwise_cfg=dict(params=[
@@ -52,15 +49,8 @@ max_epochs = 102
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=49,
         no_aug_epoch=12,
-        lr_gamma=0.5,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]
-auto_scale_lr = dict(base_batch_size=32)

@@ -55,15 +55,10 @@ max_epochs = 160
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=7800,
         no_aug_epoch=12,
         lr_gamma=1.0,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]
 auto_scale_lr = dict(base_batch_size=128)

@@ -38,12 +38,8 @@ model = dict(
             type='MatchabilityAwareLoss',
             gamma=1.5,
             loss_weight=1.0)))
-train_dataloader = dict(
-    batch_size=4, dataset=dict(policy=dict(epoch=[4, 29, 50])))
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
+train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 29, 50])))
 optim_wrapper = dict(
-    optimizer=dict(lr=5e-4, weight_decay=1.25e-4),
     paramwise_cfg=dict(params=[
         dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=5e-6),
         dict(
@@ -54,15 +50,8 @@ max_epochs = 58
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=29,
         no_aug_epoch=8,
-        lr_gamma=0.5,
-        start_factor=1 / 500,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]
-auto_scale_lr = dict(base_batch_size=32)

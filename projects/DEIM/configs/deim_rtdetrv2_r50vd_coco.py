@@ -56,14 +56,8 @@ max_epochs = 60
 train_cfg = dict(max_epochs=max_epochs)
 param_scheduler = [
     dict(
-        type='FlatCosineLR',
-        warmup_iter=2000,
+        _base_.param_scheduler[0],
         flat_epoch=34,
         no_aug_epoch=2,
-        lr_gamma=0.5,
-        start_factor=1 / 2000,
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        convert_to_iter_based=True)
+        end=max_epochs)
 ]

@@ -24,3 +24,6 @@ custom_hooks = [
     dict(type='SetEpochHook')
 ]
 auto_scale_lr = dict(base_batch_size=16)
+# rt_optimizer.yml's LinearWarmup: the first iteration at 1 / 2000 of the lr
+# (the sizes set the flat and no-aug epochs)
+param_scheduler = [dict(_base_.param_scheduler[0], start_factor=1 / 2000)]
