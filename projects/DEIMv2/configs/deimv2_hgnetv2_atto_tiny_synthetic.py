@@ -1,9 +1,9 @@
 # DEIMv2-Atto (the real Atto model, 0.5 M parameters) with its recipe at toy
 # scale, on the generated synthetic data with mmddp_ext switched on, for CPU
 # demos and multi-rank tests: 96-px images, 30 queries, 10 dn queries; the
-# epoch policy as DEIM's tiny config (Mosaic with probability 0.5 instead
-# of zoom-out and IoU crop in epoch 0, photometric distortion / zoom-out /
-# IoU crop in epoch 1, none after), collate-time MixUp in epoch 0 and
+# epoch policy as DEIM's tiny config (Mosaic with Atto's probability, 0.3,
+# instead of zoom-out and IoU crop in epoch 0, photometric distortion /
+# zoom-out / IoU crop in epoch 1, none after), collate-time MixUp in epoch 0 and
 # Copy-Blend in epoch 1 (upstream Atto has neither; on here so that the demo
 # runs both), multi-scale batches until epoch 1, Atto's criterion (no FGL /
 # DDF, each output's own matching) with the matcher change at epoch 1 (Atto:
