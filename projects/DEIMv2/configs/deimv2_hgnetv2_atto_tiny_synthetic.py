@@ -3,12 +3,12 @@
 # demos and multi-rank tests: 96-px images, 30 queries, 10 dn queries; the
 # epoch policy as DEIM's tiny config (Mosaic with Atto's probability, 0.3,
 # instead of zoom-out and IoU crop in epoch 0, photometric distortion /
-# zoom-out / IoU crop in epoch 1, none after), collate-time MixUp in epoch 0 and
-# Copy-Blend in epoch 1 (upstream Atto has neither; on here so that the demo
-# runs both), multi-scale batches until epoch 1, Atto's criterion (no FGL /
-# DDF, each output's own matching) with the matcher change at epoch 1 (Atto:
-# 450; here so that the second epoch matches with -(p * IoU^4)), flat-cosine
-# lr, ModelEMA, SetEpochHook. Two epochs.
+# zoom-out / IoU crop in epoch 1, none after), collate-time MixUp in epoch 0
+# and Copy-Blend in epoch 1 (upstream Atto has neither; on here so that the
+# demo runs both), multi-scale batches until epoch 1, Atto's criterion (no
+# FGL / DDF, each output's own matching) with the matcher change at epoch 1
+# (Atto: 450; here so that the second epoch matches with -(p * IoU^4)),
+# flat-cosine lr, ModelEMA, SetEpochHook. Two epochs.
 #   python tools/make_synthetic_coco.py data/synthetic
 #   bash tools/dist_train.sh \
 #       projects/DEIMv2/configs/deimv2_hgnetv2_atto_tiny_synthetic.py 2
