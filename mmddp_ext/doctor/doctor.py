@@ -14,6 +14,7 @@ from ..utils.rank_launcher import (RANK_DEVICE_ENV, MultiRankError,
                                    run_on_ranks)
 from .dynamic_checks import (FixContext, context, dynamic_checks, error_types,
                              gradient_check)
+from .ddp_safe_types import ddp_safe_types
 from .launch_setup import (collective_timeout_s, import_custom_modules,
                            launch_setup)
 from .probe import SETUP_ERROR_FILE, probe_rank
@@ -38,17 +39,16 @@ def _build_static_model(cfg) -> nn.Module:
 
 
 def fix_context(cfg, setup, model: Optional[nn.Module]) -> FixContext:
-    """What the paste lines of this config need: whether the DDP-safe DINO
-    classes apply, and the ``custom_imports`` line that adds mmddp_ext."""
-    from mmdet.models.detectors import DINO
+    """What the paste lines of this config need: the DDP-safe classes
+    that apply (:func:`ddp_safe_types`) and the ``custom_imports`` line
+    that adds mmddp_ext."""
     imports = (cfg.get('custom_imports') or {}).get('imports', [])
     imports = [imports] if isinstance(imports, str) else list(imports)
     line = None
     if not setup.opted_in and 'mmddp_ext' not in imports:
         line = (f'custom_imports = dict(imports={imports + ["mmddp_ext"]!r}, '
                 'allow_failed_imports=False)')
-    return FixContext(
-        dino_family=isinstance(model, DINO), import_line=line)
+    return FixContext(ddp_safe_types=ddp_safe_types(model), import_line=line)
 
 
 def _setup_errors(result_dir: str) -> List[Dict[str, Any]]:

@@ -18,7 +18,7 @@ paste; each ok names the iterations it covers.
 """
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..utils.text import group_param_names, more_text, ranks_text
 from .ddp_outcome import Context, Outcome, predict
@@ -43,22 +43,28 @@ class FixContext:
     """What the paste lines depend on.
 
     Args:
-        dino_family (bool): The detector is mmdet's DINO or derives from
-            it (the DDP-safe DINO classes apply).
+        ddp_safe_types (tuple[str, str] | None): For a detector of mmdet's
+            DINO family, the registered names of the DDP-safe detector and
+            head classes this package ships that the config's own classes
+            derive from (nearest in their MRO; ``DDPSafeDINO`` /
+            ``DDPSafeDINOHead`` for mmdet's own): what keeps the denoising
+            part on a rank without GT. None for other detectors, or when
+            the config already uses exactly those classes.
         import_line (str | None): The ``custom_imports`` line to paste
             with a fix that uses mmddp_ext's types; None when the config
             already imports mmddp_ext.
     """
-    dino_family: bool = False
+    ddp_safe_types: Optional[Tuple[str, str]] = None
     import_line: Optional[str] = MMDDP_EXT_IMPORT
 
     def with_import(self, lines: List[str]) -> List[str]:
         return lines + ([self.import_line] if self.import_line else [])
 
     def empty_gt(self) -> List[str]:
-        if self.dino_family:
-            line = ("model = dict(type='DDPSafeDINO', "
-                    "bbox_head=dict(type='DDPSafeDINOHead'))")
+        if self.ddp_safe_types:
+            detector, head = self.ddp_safe_types
+            line = (f"model = dict(type='{detector}', "
+                    f"bbox_head=dict(type='{head}'))")
         else:
             line = ("train_dataloader = dict(collate_fn=dict("
                     "type='empty_gt_guard_collate', policy='swap'))")

@@ -109,6 +109,9 @@ def test_upstream_empty_batch_behaviour_is_a_blocker(
                                                 'DFINEUpstreamEmptyDn'}))
     assert upstream == 1, report[-3000:]
     assert 'BLOCKER' in report
+    # the fix keeps the port's detector (its MRO), not mmdet's DINO
+    assert ("paste: model = dict(type='DFINE', "
+            "bbox_head=dict(type='DFINEHead'))") in report, report[-3000:]
 
 
 def test_a_query_cap_above_the_token_count_is_the_false_blocker(
@@ -152,3 +155,5 @@ def test_deimv2_upstream_empty_batch_behaviour_is_a_blocker(
     assert upstream == 1, report[-3000:]
     assert re.search(r'BLOCKER dynamic/loss keys: .*: rank 1 lacks '
                      r'loss_bbox_dn_0, ', report), report[-3000:]
+    assert ("paste: model = dict(type='DEIMv2', "
+            "bbox_head=dict(type='DEIMv2Head'))") in report, report[-3000:]
