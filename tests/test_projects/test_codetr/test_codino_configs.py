@@ -1,6 +1,8 @@
 """The configs in projects/CO-DETR/configs/codino build and carry upstream's
 hyper-parameters; the custom-data ones take their class count from
 ``classes`` alone. (test_state_dict_keys.py builds the 1x configs.)"""
+import copy
+import functools
 import os
 import os.path as osp
 import re
@@ -8,7 +10,7 @@ import re
 import pytest
 
 from .codetr_utils import import_project
-from .regen_keys import CODINO_CONFIGS, REPO_ROOT, build_entries
+from .regen_keys import CODINO_CONFIGS, REPO_ROOT
 
 URL = 'https://download.openmmlab.com/mmdetection/v3.0/codetr/'
 NOT_BUILT_ELSEWHERE = [
@@ -20,10 +22,41 @@ NOT_BUILT_ELSEWHERE = [
 ]
 
 
-def _cfg(name):
+@functools.lru_cache(maxsize=None)
+def _parsed(path):
+    """``path`` parsed once per process (without its custom imports);
+    never handed out, see ``_config``."""
     from mmengine.config import Config
-    return Config.fromfile(
-        osp.join(CODINO_CONFIGS, name), import_custom_modules=False)
+
+    from mmddp_ext.testing import model_index_read_once
+    with model_index_read_once():
+        return Config.fromfile(path, import_custom_modules=False)
+
+
+def _config(path):
+    """The parsed config at ``path``: a deep copy of the once-parsed one,
+    which a test may change freely."""
+    return copy.deepcopy(_parsed(path))
+
+
+def _cfg(name):
+    return _config(osp.join(CODINO_CONFIGS, name))
+
+
+def _state_dict_shapes(cfg) -> dict:
+    """``{key: shape}`` of ``cfg``'s model, built on the meta device
+    without the backbone download (what ``regen_keys.build_entries``
+    builds, from a config parsed once)."""
+    from mmdet.registry import MODELS
+
+    from mmddp_ext.testing import weights_on_meta
+    cfg.model.backbone.init_cfg = None
+    with weights_on_meta():
+        model = MODELS.build(cfg.model)
+    return {
+        key: tuple(value.shape)
+        for key, value in model.state_dict().items()
+    }
 
 
 def _steps(pipeline):
@@ -33,8 +66,9 @@ def _steps(pipeline):
 @pytest.mark.parametrize('name', NOT_BUILT_ELSEWHERE)
 def test_config_builds(name):
     import_project()
-    entries = dict(build_entries(osp.join(CODINO_CONFIGS, name)))
-    classes = len(_cfg(name).get('classes', range(80)))
+    cfg = _cfg(name)
+    classes = len(cfg.get('classes', range(80)))
+    entries = _state_dict_shapes(cfg)
     assert entries['query_head.cls_branches.0.weight'][0] == classes
 
 
@@ -220,7 +254,6 @@ def test_classification_loss_is_normalised_over_ranks_as_upstream(path):
     """Without it each rank divides its classification loss by its own box
     count: the classic DDP normalisation bug, which the doctor's gradient
     comparison reports as a blocker on co_dino_ext.py."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(path, import_custom_modules=False)
+    cfg = _config(path)
     assert (cfg.model.query_head.sync_cls_avg_factor is
             UPSTREAM_SYNC_CLS_AVG_FACTOR)

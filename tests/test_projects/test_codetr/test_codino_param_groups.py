@@ -7,6 +7,8 @@ builds for upstream's own model and config (``regen_keys.py``, which
 records the upstream source). The port keeps upstream's parameter names,
 so the names compare directly.
 """
+import copy
+import functools
 import json
 import os.path as osp
 
@@ -15,7 +17,7 @@ import pytest
 from ...helpers import REPO_ROOT
 from .codetr_utils import import_project
 from .regen_keys import (CODINO_CONFIGS, PARAM_GROUPS, UPSTREAM_CONFIGS,
-                         build_model)
+                         load_model_cfg)
 
 # port config -> upstream config: the codino configs carry upstream's
 # file names; configs/co_dino_ext.py is upstream's R50 1x; the custom
@@ -34,9 +36,15 @@ UPSTREAM_OF = {
 }
 
 
-def upstream_values(upstream_config: str) -> dict:
+@functools.lru_cache(maxsize=1)
+def _upstream_param_groups() -> dict:
+    """``co_dino_upstream_param_groups.json``, read once per process."""
     with open(PARAM_GROUPS) as f:
-        groups = json.load(f)['configs'][upstream_config]
+        return json.load(f)['configs']
+
+
+def upstream_values(upstream_config: str) -> dict:
+    groups = _upstream_param_groups()[upstream_config]
     return {
         param: (group['lr'], group['weight_decay'])
         for group in groups
@@ -44,16 +52,31 @@ def upstream_values(upstream_config: str) -> dict:
     }
 
 
-def port_values(config: str, **optim_overrides) -> dict:
-    from mmengine.config import Config
+@functools.lru_cache(maxsize=None)
+def _config_and_meta_model(config: str):
+    """``config`` parsed once per process and its model built once on the
+    meta device (``regen_keys.build_model``'s model, from the same parse);
+    shared by the tests here, which only read the model's parameter
+    names and ``requires_grad`` and copy the config before changing it."""
+    from mmdet.registry import MODELS
 
-    from .regen_keys import param_values
+    from mmddp_ext.testing import model_index_read_once, weights_on_meta
     import_project()
-    optim_cfg = Config.fromfile(config).optim_wrapper
+    with model_index_read_once():
+        cfg = load_model_cfg(config)
+    with weights_on_meta():
+        model = MODELS.build(copy.deepcopy(cfg.model))
+    return cfg, model
+
+
+def port_values(config: str, **optim_overrides) -> dict:
+    from .regen_keys import param_values
+    cfg, model = _config_and_meta_model(config)
+    optim_cfg = copy.deepcopy(cfg.optim_wrapper)
     optim_cfg.update(optim_overrides)
     return {
         name: tuple(pair)
-        for name, pair in param_values(build_model(config), optim_cfg).items()
+        for name, pair in param_values(model, optim_cfg).items()
     }
 
 

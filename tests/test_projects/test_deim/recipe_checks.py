@@ -8,6 +8,7 @@ through; the configs' optimizer constructor uses its own inverse table
 (``dfine_upstream_param_names``), so a mistake in either shows.
 """
 import copy
+import functools
 import importlib.util
 import math
 import os.path as osp
@@ -16,6 +17,7 @@ from typing import Dict, List, Tuple
 import torch
 from mmengine.config import Config
 
+from mmddp_ext.testing import model_index_read_once
 from . import upstream_recipes as upstream
 from .deim_utils import REPO_ROOT, import_deim
 
@@ -33,19 +35,39 @@ def _converter(name: str = 'dfine'):
     return module
 
 
-def load_config(path: str) -> Config:
+@functools.lru_cache(maxsize=None)
+def _parsed_config(path: str) -> Config:
+    """``path`` parsed once per process: the config tests parametrise
+    several tests over the same files. Never handed out; see
+    ``load_config``."""
     import_deim()
-    return Config.fromfile(osp.join(REPO_ROOT, path))
+    with model_index_read_once():
+        return Config.fromfile(osp.join(REPO_ROOT, path))
+
+
+def load_config(path: str) -> Config:
+    """The parsed config at ``path`` (relative to the repository), a deep
+    copy of the once-parsed one: a test may change it freely."""
+    return copy.deepcopy(_parsed_config(path))
+
+
+_META_MODELS: dict = {}
 
 
 def build_meta_model(cfg: Config):
     """The config's model with shapes only (no memory, no init); the
-    config is not changed (mmdet's DINO writes into ``dn_cfg``)."""
+    config is not changed (mmdet's DINO writes into ``dn_cfg``). Built
+    once per process for each distinct ``cfg.model`` (a config's tests
+    share it) and then handed out again: callers read its parameters'
+    names, shapes and ``requires_grad``, and never change it."""
     from mmdet.registry import MODELS
     from mmengine.registry import init_default_scope
     init_default_scope('mmdet')
-    with torch.device('meta'):
-        return MODELS.build(copy.deepcopy(cfg.model))
+    key = repr(cfg.model.to_dict())
+    if key not in _META_MODELS:
+        with torch.device('meta'):
+            _META_MODELS[key] = MODELS.build(copy.deepcopy(cfg.model))
+    return _META_MODELS[key]
 
 
 def build_optimizer(cfg: Config, model, **overrides):

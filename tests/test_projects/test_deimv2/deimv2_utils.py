@@ -52,9 +52,12 @@ def coco_meta_model(size: str):
     from mmdet.registry import MODELS
     from mmdet.utils import register_all_modules
     from mmengine.config import Config
+
+    from mmddp_ext.testing import model_index_read_once
     register_all_modules()
     import_project()
-    cfg = Config.fromfile(coco_config(size))
+    with model_index_read_once():
+        cfg = Config.fromfile(coco_config(size))
     with torch.device('meta'):
         model = MODELS.build(copy.deepcopy(cfg.model))
     return cfg, model

@@ -10,6 +10,7 @@ port's by tools/convert_rtdetr_checkpoint.py's table, the one the
 checkpoints load through; the constructor under test uses its own inverse
 map (``rtdetr_upstream_param_names``), so a mistake in either shows.
 """
+import functools
 import json
 import math
 import os.path as osp
@@ -20,7 +21,7 @@ import torch
 
 from .rtdetr_utils import import_project
 from .test_convert_rtdetr_checkpoint import DATA, converter
-from .test_rtdetr_zoo import CONFIGS, ZOO_CONFIGS, build
+from .test_rtdetr_zoo import ZOO_CONFIGS, build, model_cfg, zoo_config
 
 UPSTREAM_YML = {
     (1, 'r18vd'): 'rtdetr_pytorch/configs/rtdetr/rtdetr_r18vd_6x_coco.yml',
@@ -57,9 +58,15 @@ MMENGINE_FORM = {
 Values = Dict[str, Tuple[float, float]]
 
 
-def upstream_recipe(version: int, name: str) -> dict:
+@functools.lru_cache(maxsize=1)
+def _upstream_recipes() -> dict:
+    """``data/upstream_recipes.json``, read once per process (read only)."""
     with open(osp.join(DATA, 'upstream_recipes.json')) as f:
-        return json.load(f)['configs'][UPSTREAM_YML[(version, name)]]
+        return json.load(f)['configs']
+
+
+def upstream_recipe(version: int, name: str) -> dict:
+    return _upstream_recipes()[UPSTREAM_YML[(version, name)]]
 
 
 def upstream_values(version: int, name: str) -> Values:
@@ -86,11 +93,9 @@ def port_values(config: str, **overrides) -> Values:
     """(lr, weight decay) of each trainable parameter in the optimizer
     that MMEngine builds from ``config``'s ``optim_wrapper`` (``overrides``
     replace its keys, e.g. ``paramwise_cfg``)."""
-    from mmengine.config import Config
     from mmengine.optim import build_optim_wrapper
-    import_project()
-    cfg = Config.fromfile(osp.join(CONFIGS, config))
-    model = build(cfg.model, meta=True)
+    cfg = zoo_config(config)
+    model = meta_model(config)
     optim_cfg = cfg.optim_wrapper.copy()
     # AmpOptimWrapper needs a GPU; the wrapper type does not touch the
     # parameter groups, which the constructor builds.
@@ -104,6 +109,15 @@ def port_values(config: str, **overrides) -> Values:
         for group in wrapper.optimizer.param_groups
         for param in group['params'] if param.requires_grad
     }
+
+
+@functools.lru_cache(maxsize=None)
+def meta_model(config: str):
+    """``config``'s model on the meta device, built once per process and
+    shared by the tests here, which only read its parameters' names and
+    ``requires_grad`` (the optimizer constructor changes neither)."""
+    import_project()
+    return build(model_cfg(config), meta=True)
 
 
 def differences(ours: Values, theirs: Values) -> Dict[str, tuple]:
@@ -172,8 +186,7 @@ def test_mmengine_paramwise_form_differs_from_upstream(version, name, count):
 def test_constructor_needs_upstream_names_for_upstream_regexes():
     """The port's own names (no ``param_name_map``) miss upstream's
     regexes: e.g. no backbone BN name contains 'norm'."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(osp.join(CONFIGS, ZOO_CONFIGS[(1, 'r18vd')]))
+    cfg = zoo_config(ZOO_CONFIGS[(1, 'r18vd')])
     paramwise = cfg.optim_wrapper.paramwise_cfg.copy()
     paramwise.param_name_map = None
     ours = port_values(ZOO_CONFIGS[(1, 'r18vd')], paramwise_cfg=paramwise)
@@ -184,8 +197,7 @@ def test_constructor_needs_upstream_names_for_upstream_regexes():
 def test_multi_scale_sizes_are_upstreams(version, name):
     """Upstream's list of sizes (640 three times), nearest resizing; v2-S
     (``scales: ~``) trains at 640 only."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(osp.join(CONFIGS, ZOO_CONFIGS[(version, name)]))
+    cfg = zoo_config(ZOO_CONFIGS[(version, name)])
     scales = upstream_recipe(version, name)['multi_scale']
     augments = cfg.model.data_preprocessor.get('batch_augments')
     if scales is None:

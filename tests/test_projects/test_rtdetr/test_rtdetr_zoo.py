@@ -8,6 +8,8 @@ strictly: the ImageNet PResNet backbones through the configs' ``init_cfg``,
 and every v1/v2 COCO model into its config. Full-size models are built on
 the meta device (shapes only) except where a forward runs.
 """
+import copy
+import functools
 import json
 import os.path as osp
 
@@ -39,10 +41,26 @@ def synthetic_zoo_checkpoint(version: int, name: str, seed: int = 0) -> dict:
         upstream_layout.zoo_layout(version, name), seed)
 
 
-def model_cfg(config: str):
+@functools.lru_cache(maxsize=None)
+def _parsed_config(config: str):
+    """``config`` (a file of ``CONFIGS``) parsed once per process; never
+    handed out, see ``zoo_config``."""
     from mmengine.config import Config
+
+    from mmddp_ext.testing import model_index_read_once
     import_project()
-    return Config.fromfile(osp.join(CONFIGS, config)).model
+    with model_index_read_once():
+        return Config.fromfile(osp.join(CONFIGS, config))
+
+
+def zoo_config(config: str):
+    """The parsed ``config`` (a file of ``CONFIGS``): a deep copy of the
+    once-parsed one, which a test may change freely."""
+    return copy.deepcopy(_parsed_config(config))
+
+
+def model_cfg(config: str):
+    return zoo_config(config).model
 
 
 def build(cfg, meta: bool = False):
@@ -223,8 +241,7 @@ RECIPES = {
 
 @pytest.mark.parametrize('version,name', sorted(RECIPES))
 def test_zoo_config_recipe_is_upstreams(version, name):
-    from mmengine.config import Config
-    cfg = Config.fromfile(osp.join(CONFIGS, ZOO_CONFIGS[(version, name)]))
+    cfg = zoo_config(ZOO_CONFIGS[(version, name)])
     epochs, stop_epoch = RECIPES[(version, name)]
     assert cfg.train_cfg.max_epochs == epochs
     optim = cfg.optim_wrapper
