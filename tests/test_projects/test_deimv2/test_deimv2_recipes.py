@@ -3,7 +3,14 @@ their YAML (``data/upstream_recipes.json``, written by
 ``data/make_upstream_recipes.py``; repository and commit in its
 ``source``): every trainable parameter's lr, weight decay and betas, and
 the schedule, EMA, policy, MixUp, Copy-Blend, multi-scale and batch-size
-values.
+values; the lr of every group iteration by iteration (upstream's
+``FlatCosineLRScheduler`` driven as its solver drives it), the collate
+function upstream's ``DataLoader`` builds (multi-scale sizes, stop epoch,
+MixUp, Copy-Blend) and the ops upstream's transforms ``Compose`` runs
+epoch by epoch. The custom configs' collate and policy are checked the
+same way and their schedule is checked equal to the COCO config's
+(upstream has no custom recipe: its README trains custom data with the
+COCO YAMLs).
 
 Parameters are compared by the port's names: upstream's names go through
 ``tools/convert_dfine_checkpoint.py``'s table (the one DEIMv2 checkpoints
@@ -13,12 +20,15 @@ import functools
 import inspect
 import json
 import os.path as osp
+import random
 
 import pytest
 
-from ..test_deim.recipe_checks import (_by_port_name, build_optimizer,
-                                       differences, hook)
-from .deimv2_utils import DATA, SIZES, coco_meta_model
+from ..test_deim import test_epoch_policy_dataset as policy_checks
+from ..test_deim.recipe_checks import (_by_port_name, assert_same_lrs,
+                                       build_optimizer, differences, hook,
+                                       load_config, lr_trace)
+from .deimv2_utils import DATA, SIZES, coco_meta_model, import_project
 
 GPUS = 8  # upstream's total_batch_size is over 8 GPUs
 # Upstream's BatchImageCollateFunction defaults (engine/data/dataloader.py
@@ -161,3 +171,107 @@ def test_a_changed_copy_blend_value_shows():
         dict(augment, copyblend_type='copy'), collate) == {
             'copyblend_type': ('copy', 'blend')
         }
+
+
+def port_config(size: str, kind: str):
+    """The parsed ``deimv2_{size}_{kind}.py`` (a copy: free to change)."""
+    import_project()
+    return load_config(f'projects/DEIMv2/configs/deimv2_{size}_{kind}.py')
+
+
+CASES = [
+    pytest.param(size, kind, id=f'{size}_{kind}') for size in SIZES
+    for kind in ('coco', 'custom')
+]
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_flat_cosine_lr_of_every_group_is_upstreams(size):
+    """The lr of every optimizer group at the recorded iterations (50 per
+    epoch, warm-up, flat, cosine and no-aug boundaries) equals the lr
+    upstream's ``LinearWarmup`` + ``FlatCosineLRScheduler`` give its
+    groups, in upstream's group order."""
+    record = records()[size]
+    assert_same_lrs(
+        lr_trace(port_config(size, 'coco'), record),
+        record['lr_trace']['lrs'])
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_custom_config_has_the_coco_schedule(size):
+    """The custom config's optimizer, parameter groups and schedule are
+    its COCO config's, so the COCO lr trace above holds for it (tracing
+    it again would double the traces' seconds)."""
+    coco, custom = port_config(size, 'coco'), port_config(size, 'custom')
+    assert custom.optim_wrapper == coco.optim_wrapper
+    assert custom.param_scheduler == coco.param_scheduler
+    assert custom.train_cfg.max_epochs == coco.train_cfg.max_epochs
+
+
+def collate_differences(augment: dict, collate: dict) -> dict:
+    """Where the config's batch augment and upstream's built collate
+    function differ: multi-scale sizes, stop epoch, MixUp and the
+    Copy-Blend keys (upstream's values as its object holds them)."""
+    found = copy_blend_differences(augment, collate)
+    ours = dict(
+        scales=augment['scales'],
+        stop_epoch=augment['stop_epoch'],
+        mixup_prob=augment['mixup_prob'],
+        mixup_epochs=list(augment['mixup_epochs']))
+    for key, value in ours.items():
+        if value != collate[key]:
+            found[key] = (value, collate[key])
+    return found
+
+
+@pytest.mark.parametrize('size,kind', CASES)
+def test_data_policy_mixup_copy_blend_and_multiscale_are_upstreams(
+        size, kind):
+    """The batch augment equals the collate function upstream's
+    ``DataLoader`` builds from the YAML; the dataset's policy, run on
+    stand-ins for the config's own ops, runs the op sequences upstream's
+    ``Compose`` runs in every recorded stage (Mosaic's share within
+    0.1)."""
+    cfg = port_config(size, kind)
+    record = records()[size]
+    assert 'error' not in record['collate'], record['collate']
+    (augment, ) = cfg.model.data_preprocessor.batch_augments
+    assert augment['type'] == 'DEIMv2CollateBatchAugment'
+    # the multi-scale sizes: ``scales`` of DEIMv2CollateBatchAugment
+    # (recipe_checks.multiscale_sizes reads DEIM's augment types only)
+    assert collate_differences(augment, record['collate']) == {}
+    assert hook(cfg, 'SetEpochHook')
+    assert_policy_table(cfg.train_dataloader.dataset, record['policy_table'])
+
+
+def assert_policy_table(dataset, table) -> None:
+    """``dataset`` (a config's ``EpochPolicyDataset``): its policy, Mosaic
+    probability and policy ops, on ``test_epoch_policy_dataset``'s
+    stand-ins, against upstream's ``policy_table``."""
+    upstream_type = {v: k for k, v in policy_checks.PORT_TYPES.items()}
+    assert dataset['type'] == 'EpochPolicyDataset'
+    assert table, table
+    yaml = dict(
+        ops=[
+            dict(type=upstream_type[t['type']]) for t in dataset.pipeline
+            if t['type'] in upstream_type
+        ],
+        policy=dict(
+            epoch=list(dataset.policy.epoch),
+            ops=[upstream_type[op] for op in dataset.policy.ops]),
+        mosaic_prob=dataset.mosaic_prob)
+    built = policy_checks.build(yaml)
+    random.seed(0)
+    for row in table:
+        for epoch in sorted(set(row['epochs'])):
+            built.set_epoch(epoch)
+            seen, mosaics = set(), 0
+            for _ in range(policy_checks.DRAWS):
+                ran = tuple(built[0]['ran'])
+                seen.add(ran)
+                mosaics += 'DEIMMosaic' in ran
+            expected = policy_checks.port_sequences(row['sequences'])
+            assert sorted(seen) == expected, (epoch, sorted(seen), expected)
+            share = row['mosaic_draws'] / row['draws']
+            assert abs(mosaics / policy_checks.DRAWS - share) < 0.1, (
+                epoch, mosaics / policy_checks.DRAWS, share)
