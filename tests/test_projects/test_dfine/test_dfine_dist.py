@@ -16,6 +16,7 @@ gradient and the loss keys of each iteration):
   rank, ``ddp_probe.DFINEUpstreamEmptyDn``) and a 20 s collective
   timeout.
 """
+import functools
 import json
 import os.path as osp
 
@@ -70,22 +71,15 @@ def _train(root: str,
         # recipe's float16 path tests/test_amp's
         'mmddp_ext_cfg.cpu_amp=False', *extra
     ]
-    if launch:
-        output = dist_train(
-            _probe_config(root, model_type),
-            WORLD_SIZE,
-            work_dir,
-            options,
-            timeout=240,
-            check=check)
-    else:
-        output = train_on_ranks(
-            _probe_config(root, model_type),
-            WORLD_SIZE,
-            work_dir,
-            options,
-            timeout=240)
-        assert output.returncode == 0 or not check, output.stdout[-4000:]
+    run = functools.partial(dist_train, check=check) if launch else \
+        train_on_ranks
+    output = run(
+        _probe_config(root, model_type),
+        WORLD_SIZE,
+        work_dir,
+        options,
+        timeout=240)
+    assert output.returncode == 0 or not check, output.stdout[-4000:]
     records = []
     for rank in range(WORLD_SIZE):
         path = osp.join(work_dir, f'grad_record_rank{rank}.json')
