@@ -144,7 +144,11 @@ def as_cli(options: Dict[str, Any]) -> List[str]:
 # builds every config. Each family keeps its smaller sizes here (and
 # DEIMv2 the smallest of each backbone family, both of which
 # tests/test_projects/test_deimv2 also trains on a GT-less batch).
-LEFT_OUT_SIZES = ('dfine_hgnetv2_l_custom.py', 'dfine_hgnetv2_x_custom.py',
+# CO-DINO's Swin-L custom config differs from the R50 LSJ one in its
+# backbone only (mmdet's SwinTransformer, 28 s of the suite to build and
+# step), whose keys test_state_dict_keys pins against upstream's.
+LEFT_OUT_SIZES = ('co_dino_5scale_swin_l_custom.py',
+                  'dfine_hgnetv2_l_custom.py', 'dfine_hgnetv2_x_custom.py',
                   'deim_hgnetv2_l_custom.py', 'deim_hgnetv2_x_custom.py',
                   'deim_rtdetrv2_r50vd_custom.py',
                   'deim_rtdetrv2_r101vd_custom.py', 'rtdetr_r50vd_custom.py',

@@ -82,12 +82,17 @@ def epoch_iters(log: str):
 # R-CNN-family and dense-head configs (the entry point only launches: the
 # recipe, the runner and AutoDDP are the same under both). MMDetection's
 # script gets the CO-DETR-style config, whose custom_imports need the
-# repository on PYTHONPATH, and the with_cp config. 9 launches, not 18:
-# the suite's time budget.
-MMDET_TRAIN_CASES = ('deformable_detr', 'dab_detr', 'retinanet_x101_with_cp',
-                     'atss', 'co_dino_codetr_style')
+# repository on PYTHONPATH, and the with_cp config. 6 launches (18 until
+# 2026-11-27, 9 until 2026-11-28: the suite's time budget): left out are
+# the configs whose DDP-deciding code a kept one shares, as in
+# test_ddp_doctor_matrix: Deformable DETR is DINO without denoising, Faster
+# R-CNN is Mask R-CNN without its mask head, ATSS a dense head as RetinaNet
+# (all three trained with the recipe in every run until then).
+LEFT_OUT = ('deformable_detr', 'faster_rcnn', 'atss')
+MMDET_TRAIN_CASES = ('dab_detr', 'retinanet_x101_with_cp',
+                     'co_dino_codetr_style')
 MATRIX = [(case, 'mmdet_train.py' if case.name in MMDET_TRAIN_CASES else
-           'dist_train.sh') for case in CASES]
+           'dist_train.sh') for case in CASES if case.name not in LEFT_OUT]
 
 
 def test_every_entry_point_gets_detr_and_other_configs():
@@ -101,8 +106,9 @@ def test_every_entry_point_gets_detr_and_other_configs():
                             'dab_detr', 'co_dino_codetr_style'}) >= 2
         assert len(names & {
             'faster_rcnn', 'mask_rcnn', 'retinanet_x101_with_cp', 'atss'
-        }) >= 2
-    assert sorted(c.name for c, _ in MATRIX) == sorted(c.name for c in CASES)
+        }) >= 1
+    assert sorted(c.name for c, _ in MATRIX) == sorted(
+        c.name for c in CASES if c.name not in LEFT_OUT)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,9 @@ finiteness, GT count per iteration) and ``ResumeRecordHook``
 - ``half_empty``: a shuffled set, about half of the images empty, the
   whole tiny policy (Mosaic and MixUp in epoch 0, zoom-out / IoU crop in
   epoch 1), a checkpoint per epoch; ``resumed``: the same run restarted
-  from its epoch-1 checkpoint.
+  from its epoch-1 checkpoint (``tools/train.py --resume`` as
+  ``dist_train.sh`` starts it, on ranks forked with their imports done:
+  ``tests/helpers.py::train_on_ranks``).
 
 The control is not a launch: one DDP step of the tiny model with upstream
 DEIM's empty-batch behaviour (no dn queries and no dn loss terms on the
@@ -36,7 +38,7 @@ import pytest
 import torch
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
-from ...helpers import dist_train
+from ...helpers import dist_train, train_on_ranks
 from ...test_models.dino_utils import (build_model, control_step_report,
                                        raw_batch, record_generator_calls)
 from .deim_utils import PROJECT
@@ -113,15 +115,19 @@ def _records(work_dir: str, name: str) -> list:
     return found
 
 
-def _run(root, config, options, extra_args=()):
+def _run(root, config, options, extra_args=(), launch=True):
+    """A 2-rank run through ``tools/dist_train.sh`` (``launch``) or
+    ``tools/train.py`` as that script starts it on ranks forked with their
+    imports done (``tests/helpers.py::train_on_ranks``)."""
     work_dir = osp.join(root, 'work')
-    output = dist_train(
+    output = (dist_train if launch else train_on_ranks)(
         config,
         WORLD_SIZE,
         work_dir,
         options,
         extra_args=extra_args,
         timeout=240)
+    assert output.returncode == 0, output.stdout[-4000:]
     return dict(
         output=output,
         work_dir=work_dir,
@@ -150,7 +156,8 @@ def half_empty(tmp_path_factory):
         resumed_root,
         _config(root),
         _options(data, True),
-        extra_args=('--resume', osp.join(first['work_dir'], 'epoch_1.pth')))
+        extra_args=('--resume', osp.join(first['work_dir'], 'epoch_1.pth')),
+        launch=False)
     return first, resumed
 
 

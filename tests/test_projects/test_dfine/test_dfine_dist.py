@@ -1,5 +1,5 @@
-"""D-FINE-N (tiny) on 2 real gloo ranks through ``tools/dist_train.sh``,
-``find_unused_parameters=False``, 20 iterations, on images without boxes.
+"""D-FINE-N (tiny) on 2 real gloo ranks, ``find_unused_parameters=False``,
+20 iterations, on images without boxes.
 
 Three runs of the tiny config on generated data, each recorded on every
 rank by ``ddp_probe.GradientRecordHook`` (the parameters that received a
@@ -8,9 +8,9 @@ gradient and the loss keys of each iteration):
 - ``empty_rank``: an unshuffled sampler gives rank 1 only images without
   boxes, every iteration;
 - ``half_empty``: a shuffled set with about half of the images empty
-  (``tools/train.py`` as ``dist_train.sh`` starts it, on ranks forked with
-  their imports done: ``tests/helpers.py::train_on_ranks``; the launcher
-  is the other two runs');
+  (these two: ``tools/train.py`` as ``dist_train.sh`` starts it, on ranks
+  forked with their imports done: ``tests/helpers.py::train_on_ranks``;
+  the launcher is the control's, and DEIM's and DEIMv2's runs);
 - ``upstream_control``: the negative control, the ``empty_rank`` run with
   upstream D-FINE's empty-batch behaviour (no dn queries on the GT-less
   rank, ``ddp_probe.DFINEUpstreamEmptyDn``) and a 20 s collective
@@ -92,7 +92,10 @@ def _train(root: str,
 @pytest.fixture(scope='module')
 def empty_rank(tmp_path_factory):
     return _train(
-        str(tmp_path_factory.mktemp('dfine_empty_rank')), 'odd', False)
+        str(tmp_path_factory.mktemp('dfine_empty_rank')),
+        'odd',
+        False,
+        launch=False)
 
 
 @pytest.fixture(scope='module')
