@@ -43,12 +43,32 @@ def _is_side_list(value: Any) -> bool:
         isinstance(v, int) and v > 0 for v in value)
 
 
+# Largest power-of-two multiple a shrunk size keeps (a ViT's patch size,
+# a backbone's last stride).
+MAX_STEP = 32
+
+
+def _step(value) -> int:
+    """The largest power of two up to ``MAX_STEP`` dividing every size of
+    ``value``: the divisibility the config's sizes have."""
+    step = MAX_STEP
+    while step > 1 and any(v % step for v in value):
+        step //= 2
+    return step
+
+
 def _shrink_size(value: Any, short_side: int) -> Any:
     if _is_size(value) or _is_side_list(value):
         # One factor for the whole pair or list: the aspect ratio, or the
-        # spread of the choices, stays.
+        # spread of the choices, stays; a list of square sides also keeps
+        # its divisibility (DEIMv2's multi-scale sides are multiples of 32,
+        # as its DINOv3 backbone needs multiples of 16: 680 x 128 / 480
+        # would be 181).
         factor = min(1.0, short_side / min(value))
-        return type(value)(max(1, int(v * factor)) for v in value)
+        step = _step(value) if factor < 1.0 and _is_side_list(value) else 1
+        return type(value)(
+            max(step, round(v * factor / step) * step) if step > 1 else
+            max(1, int(v * factor)) for v in value)
     if isinstance(value, (list, tuple)):
         return type(value)(_shrink_size(v, short_side) for v in value)
     return value

@@ -111,3 +111,17 @@ def test_shrunk_yolox_mosaic_keeps_boxes(shrink_border, tmp_path, monkeypatch):
     else:
         assert shapes == {(2 * IMAGE_SIZE, 2 * IMAGE_SIZE)}
         assert not any(sum(boxes.values(), [])), boxes
+
+
+def test_shrunk_sizes_keep_their_divisibility():
+    """DEIMv2's DINOv3 sizes need sides that are multiples of 16: its
+    multi-scale sides (multiples of 32) stay multiples of 32 when shrunk
+    (the doctor's probe ran into a 136-px batch as a false blocker); a
+    (width, height) pair keeps its aspect ratio as before."""
+    sides = [480 + 32 * k for k in range(11)]
+    shrunk = shrink._shrink_size(sides, 128)
+    assert shrunk[0] == 128 and all(s % 32 == 0 for s in shrunk), shrunk
+    assert shrink._shrink_size((640, 640), 128) == (128, 128)
+    assert shrink._shrink_size((1333, 800), 128) == (213, 128)
+    assert shrink._shrink_size([640, 672, 800], 128) == [128, 128, 160]
+    assert shrink._shrink_size([640, 680, 800], 128) == [128, 136, 160]
