@@ -1,13 +1,19 @@
-"""A short 2-rank fine-tune of the tiny DEIM-D-FINE-N on a ~50%-empty
+"""A short 2-rank fine-tune of a tiny DEIM-family config on a ~50%-empty
 synthetic set, the way a user fine-tunes: train on one generated set
 (the "pretrained" checkpoint), then ``load_from`` it and train on another
 set with its own images (half of them without boxes), through
-``tools/dist_train.sh`` with DEIM's recipe (policy, Mosaic, MixUp,
-multi-scale, flat-cosine lr, EMA). Prints the loss per epoch of the
-fine-tune and the COCO bbox mAP (pycocotools, EMA weights) of the
-checkpoint it starts from and of every evaluated epoch.
+``tools/dist_train.sh`` with the config's recipe (policy, Mosaic, MixUp,
+multi-scale, flat-cosine lr, EMA; DEIMv2 also Copy-Blend and the matcher
+change). Prints the loss per epoch of the fine-tune and the COCO bbox mAP
+(pycocotools, EMA weights) of the checkpoint it starts from and of every
+evaluated epoch.
 
-    python benchmarks/deim_finetune_synthetic.py [--epochs 6] [--out DIR]
+    python benchmarks/deim_finetune_synthetic.py [--model deim|deimv2] \
+        [--epochs 6] [--out DIR]
+
+``deim``: the tiny DEIM-D-FINE-N (``deim_hgnetv2_tiny_synthetic.py``);
+``deimv2``: DEIMv2-Atto (``deimv2_hgnetv2_atto_tiny_synthetic.py``, the
+real Atto model at 96 px).
 
 A measurement, not a test: nothing is asserted.
 """
@@ -25,8 +31,15 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 from mmddp_ext.testing import free_port, make_synthetic_coco  # noqa: E402
 
-CONFIG = osp.join(REPO, 'projects', 'DEIM', 'configs',
-                  'deim_hgnetv2_tiny_synthetic.py')
+CONFIGS = {
+    'deim':
+    osp.join(REPO, 'projects', 'DEIM', 'configs',
+             'deim_hgnetv2_tiny_synthetic.py'),
+    'deimv2':
+    osp.join(REPO, 'projects', 'DEIMv2', 'configs',
+             'deimv2_hgnetv2_atto_tiny_synthetic.py'),
+}
+TITLES = {'deim': 'the tiny DEIM-D-FINE-N', 'deimv2': 'DEIMv2-Atto (tiny)'}
 
 
 def data_options(data: str) -> list:
@@ -39,11 +52,20 @@ def data_options(data: str) -> list:
     ]
 
 
-def recipe_options(epochs: int) -> list:
+def recipe_options(model: str, epochs: int) -> list:
     """The tiny policy stretched over ``epochs``: Mosaic/MixUp in the
-    first third, zoom-out/IoU crop in the second, plain in the last."""
+    first third, zoom-out/IoU crop in the second, plain in the last;
+    DEIMv2's Copy-Blend and matcher change in the second third, as its
+    tiny config has them in its second epoch."""
     third = max(1, epochs // 3)
-    return [
+    extra = []
+    if model == 'deimv2':
+        extra = [
+            'model.data_preprocessor.batch_augments.0.copyblend_epochs='
+            f'[{third},{2 * third}]',
+            f'model.train_cfg.assigner.matcher_change_epoch={third}',
+        ]
+    return extra + [
         f'train_cfg.max_epochs={epochs}',
         'train_cfg.val_interval=2',
         f'train_dataloader.dataset.policy.epoch=[0,{third},{2 * third}]',
@@ -55,11 +77,11 @@ def recipe_options(epochs: int) -> list:
     ]
 
 
-def dist_train(work_dir: str, options: list) -> str:
+def dist_train(config: str, work_dir: str, options: list) -> str:
     env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable)
     cmd = [
         'bash',
-        osp.join(REPO, 'tools', 'dist_train.sh'), CONFIG, '2', '--work-dir',
+        osp.join(REPO, 'tools', 'dist_train.sh'), config, '2', '--work-dir',
         work_dir, '--cfg-options', *options
     ]
     out = subprocess.run(
@@ -69,10 +91,11 @@ def dist_train(work_dir: str, options: list) -> str:
     return out.stdout
 
 
-def evaluate(checkpoint: str, work_dir: str, data: str) -> float:
+def evaluate(config: str, checkpoint: str, work_dir: str,
+             data: str) -> float:
     cmd = [
         sys.executable,
-        osp.join(REPO, 'tools', 'test.py'), CONFIG, checkpoint, '--work-dir',
+        osp.join(REPO, 'tools', 'test.py'), config, checkpoint, '--work-dir',
         work_dir, '--cfg-options', *data_options(data)
     ]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -89,11 +112,13 @@ def scalars(work_dir: str) -> list:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument('--model', choices=sorted(CONFIGS), default='deim')
     parser.add_argument('--epochs', type=int, default=6)
     parser.add_argument('--images', type=int, default=64)
     parser.add_argument('--out', default=None)
     args = parser.parse_args()
-    root = args.out or tempfile.mkdtemp(prefix='deim_finetune_')
+    config = CONFIGS[args.model]
+    root = args.out or tempfile.mkdtemp(prefix=f'{args.model}_finetune_')
     pretrain_data = osp.join(root, 'pretrain_data')
     finetune_data = osp.join(root, 'finetune_data')
     for data, seed in ((pretrain_data, 0), (finetune_data, 1)):
@@ -105,17 +130,19 @@ def main() -> int:
         make_synthetic_coco(
             osp.join(data, 'val'), num_images=16, empty=0.5, seed=seed + 10)
     pretrain = osp.join(root, 'pretrain')
-    dist_train(pretrain,
-               data_options(pretrain_data) + recipe_options(args.epochs))
+    dist_train(
+        config, pretrain,
+        data_options(pretrain_data) + recipe_options(args.model, args.epochs))
     start, = glob.glob(osp.join(pretrain, f'epoch_{args.epochs}.pth'))
-    start_map = evaluate(start, osp.join(root, 'eval_start'), finetune_data)
+    start_map = evaluate(config, start, osp.join(root, 'eval_start'),
+                         finetune_data)
     finetune = osp.join(root, 'finetune')
     dist_train(
-        finetune,
-        data_options(finetune_data) + recipe_options(args.epochs) +
+        config, finetune,
+        data_options(finetune_data) + recipe_options(args.model, args.epochs) +
         [f'load_from={start}'])
     rows = scalars(finetune)
-    print(f'fine-tune of the tiny DEIM-D-FINE-N, 2 gloo ranks, '
+    print(f'fine-tune of {TITLES[args.model]}, 2 gloo ranks, '
           f'{args.images} train images (about half without boxes), '
           f'{args.epochs} epochs; work dirs under {root}')
     print(f'mAP of the starting checkpoint on the new set: {start_map:.4f}')

@@ -5,7 +5,8 @@
   (``*_n_custom.py``, whose encoder uses strides 16 and 32 only: the
   fewest tokens among which the two-stage decoder picks its queries;
   DEIM-RTDETRv2-r18vd, DEIM on the RT-DETRv2 port; DEIMv2-Atto, the
-  smallest of DEIMv2's HGNetv2 family) are asked as a user
+  smallest of DEIMv2's HGNetv2 family, and DEIMv2-S, the smallest of its
+  DINOv3 family: a ViT with the Spatial Tuning Adapter) are asked as a user
   asks them: data placeholders filled, ``--shrink`` for the rest. Each agrees
   with a real 2-rank run of the same config (``tools/train.py`` as
   ``tools/dist_train.sh`` starts it: test_ddp_doctor_matrix's ``_real``) in
@@ -38,10 +39,11 @@ CUSTOM = {
     'DEIM': 'projects/DEIM/configs/deim_hgnetv2_n_custom.py',
     'DEIM-RTDETRv2': 'projects/DEIM/configs/deim_rtdetrv2_r18vd_custom.py',
     'DEIMv2': 'projects/DEIMv2/configs/deimv2_hgnetv2_atto_custom.py',
+    'DEIMv2-DINOv3': 'projects/DEIMv2/configs/deimv2_dinov3_s_custom.py',
 }
 # Configs whose real 2-rank run is made here; the others' runs are made by
 # other tests (see test_smallest_custom_config_agrees_with_its_run).
-REAL_RUN_HERE = ('DEIM', 'DEIM-RTDETRv2')
+REAL_RUN_HERE = ('DEIM', 'DEIM-RTDETRv2', 'DEIMv2-DINOv3')
 # What a user fills in before asking: the data, classes and start
 # weights; sizes and query counts are left to --shrink.
 USER_KEYS = ('data_root', 'ann_file', 'data_prefix', 'metainfo',
@@ -67,7 +69,10 @@ def test_smallest_custom_config_agrees_with_its_run(
     budget); DEIMv2-Atto's detector, head, decoder and losses train with a
     GT-less rank under plain DDP (find_unused_parameters=False) in
     tests/test_projects/test_deimv2/test_deimv2_dist.py, and its custom
-    config trains one step in test_custom_configs_train.py. The real runs
+    config trains one step in test_custom_configs_train.py; DEIMv2-S's
+    real run is made here (its ViT backbone and adapter are in no other
+    multi-rank run; the run is also its custom config's training test).
+    The real runs
     train in float32 (``mmddp_ext_cfg.cpu_amp=False``: float16
     convolutions run about 20 times slower on this CPU), as the
     graph, the collectives and the DDP set-up the verdict is about are the
