@@ -16,8 +16,9 @@ upstream loads its backbone-only file into (``weights_path``: the
 ``dinov3`` module for ViT-S / S+, ``dinov3._model`` for the distilled
 ViT-Tiny / Tiny+) to ``deimv2_{size}_vit_keys.json``. Each size is built in
 a fresh process: upstream's ``load_config`` keeps merged includes in a
-default argument. Needs torch, PyYAML and scipy; see
-``../upstream_deimv2.py`` for the stubbed imports.
+default argument. Needs torch, PyYAML, scipy and this repository's
+``mmddp_ext`` (``tools/setup_env.sh`` installs it); see
+``mmddp_ext/testing/upstream_checkout.py`` for the stubbed imports.
 """
 import argparse
 import json

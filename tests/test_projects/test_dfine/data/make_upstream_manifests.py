@@ -14,9 +14,11 @@ through upstream's ``YAMLConfig`` machinery (``load_config`` +
 ``dfine_hgnetv2_{size}_coco_keys.json``. Each size is built in a fresh
 process: upstream's ``load_config`` keeps merged includes in a default
 argument, so a second config in one process would inherit the first's
-keys. Needs torch and PyYAML only: see ``../upstream_dfine.py`` for the
-imports that model construction does not need and that are stubbed
-(torchvision is not installed beside this repository's torch).
+keys. Needs torch, PyYAML and this repository's ``mmddp_ext``
+(``tools/setup_env.sh`` installs it): see
+``mmddp_ext/testing/upstream_checkout.py`` for the imports that model
+construction does not need and that are stubbed (torchvision is not
+installed beside this repository's torch).
 """
 import argparse
 import json
