@@ -53,10 +53,9 @@ boxes. RMSNorm computes in float32 on both sides (``x.float()``).
            outputs into the port's head); printed per term, the worst over
            its keys. Upstream's criterion runs in float64 only with help
            (:class:`FloatCastIsFloat64`, default dtype float64 around it).
-           The port's L1 and GIoU terms divide by ``num_boxes + 1.19e-7``
-           (mmdet's ``weight_reduce_loss`` adds float32's epsilon to
-           ``avg_factor``), upstream's by ``num_boxes``: a relative
-           difference of 1.19e-7 / num_boxes (1.3e-8 for 9 boxes).
+           Both sides divide the L1 and GIoU sums by ``num_boxes`` (the
+           port did so through mmdet's ``avg_factor``, which adds float32's
+           epsilon: 1.2-2.0e-8 apart in float64 until 2026-11-28).
   float32  the port's float32 error and upstream's own float32 error, both
            against upstream in float64 on the same input (the target: the
            port's within twice upstream's). CPU float32 kernels are not

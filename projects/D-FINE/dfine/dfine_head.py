@@ -472,12 +472,17 @@ class DFINEHead(DDPSafeDINOHead):
         batch, query = _flat_index(pairs)
         matched_boxes = boxes[batch, query]
         gt_boxes = _matched(pairs, targets, 'boxes')
+        # differs from mmdet's avg_factor reduction: the summed box terms
+        # divided by the box count itself, as upstream (mmdet adds
+        # float32's epsilon to the divisor: the same float32 bits from 4
+        # boxes on, but 1.19e-7 / num_boxes apart in float64)
         losses['loss_bbox'] = self.loss_bbox(
-            matched_boxes, gt_boxes, avg_factor=part['num_boxes'])
+            matched_boxes, gt_boxes,
+            reduction_override='sum') / part['num_boxes']
         losses['loss_giou'] = self.loss_iou(
             cxcywh_to_xyxy(matched_boxes),
             cxcywh_to_xyxy(gt_boxes),
-            avg_factor=part['num_boxes'])
+            reduction_override='sum') / part['num_boxes']
         if corners is None:
             return {k + suffix: v for k, v in losses.items()}
         ious = bbox_overlaps(

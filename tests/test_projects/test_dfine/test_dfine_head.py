@@ -5,6 +5,7 @@ import importlib
 
 import pytest
 import torch
+from mmengine.structures import InstanceData
 
 from mmddp_ext.testing import run_on_ranks
 from ...test_models.dino_utils import NO_NOISE, loss_values, raw_batch
@@ -100,3 +101,42 @@ def test_normalisers_are_averaged_over_ranks(two_ranks):
         assert abs(value) < float('inf'), key
         if key.endswith(DN_SUFFIXES):
             assert value == 0.0, key
+
+
+def test_box_terms_divide_by_the_box_count_itself():
+    """``loss_bbox`` / ``loss_giou`` are the summed terms over the box
+    count, as upstream's ``loss_boxes``, exact in float64. Control:
+    mmdet's ``avg_factor`` reduction (what the head used) divides by
+    ``count + 1.19e-7`` (float32's epsilon), 4e-8 relative apart here."""
+    from mmdet.structures.bbox import bbox_overlaps
+    head = build_tiny().bbox_head.double()
+    gen = torch.Generator().manual_seed(0)
+    boxes = torch.rand(1, 5, 4, generator=gen, dtype=torch.float64)
+    boxes = torch.cat([0.3 + 0.4 * boxes[..., :2], 0.1 + 0.2 * boxes[..., 2:]],
+                      -1)
+    gt = boxes[0, :3].flip(0) + 0.01
+    num_classes = head.cls_out_channels
+    targets = [InstanceData(boxes=gt, labels=torch.tensor([0, 1, 0]))]
+    pairs = [(torch.tensor([0, 2, 4]), torch.tensor([0, 1, 2]))]
+    count = torch.tensor(3.0, dtype=torch.float64)
+    losses = head._output_losses(
+        torch.randn(1, 5, num_classes, generator=gen, dtype=torch.float64),
+        boxes, None, pairs, count,
+        dict(pairs=pairs, num_boxes=count, query_weight=1.0), targets, '')
+
+    def xyxy(b):
+        return torch.cat([b[:, :2] - b[:, 2:] / 2, b[:, :2] + b[:, 2:] / 2], 1)
+
+    matched = boxes[0, pairs[0][0]]
+    l1_sum = (matched - gt).abs().sum()
+    giou_sum = (1 - bbox_overlaps(
+        xyxy(matched), xyxy(gt), mode='giou', is_aligned=True)).sum()
+    expected = dict(
+        loss_bbox=head.loss_bbox.loss_weight * l1_sum / 3,
+        loss_giou=head.loss_iou.loss_weight * giou_sum / 3)
+    for key, value in expected.items():
+        assert losses[key].item() == pytest.approx(
+            value.item(), rel=1e-15), key
+    mmdet_way = head.loss_bbox(matched, gt, avg_factor=count)
+    gap = 1 - mmdet_way.item() / expected['loss_bbox'].item()
+    assert gap == pytest.approx(1.1920929e-07 / 3, rel=1e-3)
