@@ -219,10 +219,7 @@ def _calibrate(model: nn.Module) -> None:
     """BatchNorm running statistics of one calibration batch (train mode,
     ``momentum=None``: the cumulative average over one batch is its
     statistics); the momentum is restored afterwards."""
-    norms = [
-        m for m in model.modules()
-        if isinstance(m, BatchNormBase)
-    ]
+    norms = [m for m in model.modules() if isinstance(m, BatchNormBase)]
     momenta = [m.momentum for m in norms]
     for norm in norms:
         norm.reset_running_stats()
@@ -579,13 +576,21 @@ def main(argv=None) -> int:
     jobs = [(s, 'equivalence')
             for s in args.sizes] + [(s, 'speed') for s in args.speed_sizes]
     for size, part in jobs:
+        # the thread count from the process's start, not only torch's
+        # set_num_threads: started with 2 OpenMP threads, float64 runs of N
+        # differed from run to run (up to 1.5e-8 in 3 of 7 runs), started
+        # with one they did not (3 of 3 runs equal to 1e-15)
+        threads = str(args.threads)
         proc = subprocess.run([
             sys.executable, __file__, root, '--one', size, part, '--rounds',
-            str(args.rounds), '--threads',
-            str(args.threads)
+            str(args.rounds), '--threads', threads
         ],
                               capture_output=True,
-                              text=True)
+                              text=True,
+                              env=dict(
+                                  os.environ,
+                                  OMP_NUM_THREADS=threads,
+                                  MKL_NUM_THREADS=threads))
         if proc.returncode != 0:
             print(
                 f'DEIMv2-{size} {part} failed:\n{proc.stderr[-4000:]}',
