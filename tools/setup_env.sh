@@ -29,98 +29,148 @@ pinned() {  # pinned NAME -> version from requirements/pinned.txt
     sed -n "s/^$1==\(.*\)$/\1/p" "$ROOT/requirements/pinned.txt"
 }
 
-has_dist() {  # has_dist NAME [VERSION_PREFIX]
-    "$PY" - "$@" <<'EOF'
+# One Python process reports what is there (each check used to start its
+# own interpreter and import torch: 20 s of checks on 2 cores): KEY=VALUE
+# lines, VALUE 'missing' when absent. Run from / so that the checkout in
+# the current directory does not shadow what is installed.
+probe() {
+    (cd / && "$PY" - "$ROOT/requirements/tests.txt" <<'PROBE'
+import os
 import sys
 from importlib import metadata
+
+
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return 'missing'
+
+
+def report(key, value):
+    print(f'{key}={value}')
+
+
 try:
-    version = metadata.version(sys.argv[1])
-except metadata.PackageNotFoundError:
-    sys.exit(1)
-prefix = sys.argv[2] if len(sys.argv) > 2 else ''
-sys.exit(0 if version.split('+')[0].startswith(prefix) else 1)
-EOF
+    import torch
+    report('torch', torch.__version__)
+    report('cuda', torch.cuda.is_available())
+except Exception:  # not installed, or an install that does not import
+    report('torch', 'missing')
+try:
+    from packaging.version import Version
+    build_ok = (Version(version('setuptools')) < Version('70')
+                and version('wheel') != 'missing'
+                and version('ninja') != 'missing')
+except Exception:  # no packaging, or no setuptools ('missing')
+    build_ok = False
+report('build_tools', 'ok' if build_ok else 'missing')
+report('mmengine', version('mmengine'))
+try:
+    import mmcv
+    import mmcv.ops  # noqa: F401
+    report('mmcv', mmcv.__version__)
+except Exception:  # no mmcv, no ops, or ops built for another torch
+    report('mmcv', 'missing')
+both = 'missing' not in (version('mmdet'), version('pycocotools'))
+report('mmdet', version('mmdet') if both else 'missing')
+# every line of requirements/tests.txt installed at a version it allows
+# (pytest-xdist>=3.6: --no-loadscope-reorder in tools/run_tests.sh)
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+tests_ok = True
+for line in open(sys.argv[1]):
+    line = line.split('#')[0].strip()
+    if line:
+        req = Requirement(line)
+        if version(req.name) not in req.specifier:
+            tests_ok = False
+report('test_tools', 'ok' if tests_ok else 'missing')
+try:
+    import mmddp_ext
+    report('mmddp_ext_at',
+           os.path.dirname(os.path.dirname(os.path.abspath(
+               mmddp_ext.__file__))))
+except Exception:  # not installed, or installed from a deleted checkout
+    report('mmddp_ext_at', 'missing')
+PROBE
+    )
 }
 
-say "python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
+# value KEY -> its VALUE in the last probe
+value() { sed -n "s/^$1=//p" <<< "$STATE"; }
 
-if "$PY" -c 'import torch' 2>/dev/null; then
-    say "torch $("$PY" -c 'import torch; print(torch.__version__)') present, kept"
+say "python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
+STATE="$(probe)"
+INSTALLED=0
+
+if [ "$(value torch)" != missing ]; then
+    say "torch $(value torch) present, kept"
 else
     say "installing torch==$(pinned torch) (CPU build; bring your own CUDA torch on GPU machines)"
     "${PIP[@]}" "torch==$(pinned torch)"
+    INSTALLED=1
 fi
 
-if ! "$PY" - <<'EOF' 2>/dev/null
-from importlib import metadata
-from packaging.version import Version
-assert Version(metadata.version('setuptools')) < Version('70')
-metadata.version('wheel'); metadata.version('ninja')
-EOF
-then
+if [ "$(value build_tools)" = ok ]; then
+    say "build tools present"
+else
     say "installing mmcv build tools: $(grep -v '^#' "$ROOT/requirements/build.txt" | tr '\n' ' ')"
     "${PIP[@]}" -r "$ROOT/requirements/build.txt"
-else
-    say "build tools present"
+    INSTALLED=1
 fi
 
-if has_dist mmengine; then
-    say "mmengine $("$PY" -c 'import mmengine; print(mmengine.__version__)') present"
+if [ "$(value mmengine)" != missing ]; then
+    say "mmengine $(value mmengine) present"
 else
     say "installing mmengine==$(pinned mmengine)"
     "${PIP[@]}" "mmengine==$(pinned mmengine)"
+    INSTALLED=1
 fi
 
-if "$PY" -c 'import mmcv, mmcv.ops' 2>/dev/null; then
-    say "mmcv $("$PY" -c 'import mmcv; print(mmcv.__version__)') with ops present"
+if [ "$(value mmcv)" != missing ]; then
+    say "mmcv $(value mmcv) with ops present"
 else
     say "installing mmcv==$(pinned mmcv) with ops (a wheel if one exists, else"
     say "  built from the sdist: 6 to 50 minutes on 2 cores the first time,"
     say "  cached by pip afterwards)"
     MMCV_WITH_OPS=1 "${PIP[@]}" --no-build-isolation "mmcv==$(pinned mmcv)"
+    INSTALLED=1
 fi
 
-if has_dist mmdet && has_dist pycocotools; then
-    say "mmdet $("$PY" -c 'import mmdet; print(mmdet.__version__)') and pycocotools present"
+if [ "$(value mmdet)" != missing ]; then
+    say "mmdet $(value mmdet) and pycocotools present"
 else
     say "installing mmdet==$(pinned mmdet) and pycocotools"
     "${PIP[@]}" "mmdet==$(pinned mmdet)" pycocotools
+    INSTALLED=1
 fi
 
-# every line of requirements/tests.txt installed at a version it allows
-# (pytest-xdist>=3.6: --no-loadscope-reorder in tools/run_tests.sh)
-test_requirements_met() {
-    "$PY" - "$ROOT/requirements/tests.txt" <<'EOF2' 2>/dev/null
-import sys
-from importlib import metadata
-try:
-    from packaging.requirements import Requirement
-except ImportError:
-    from pip._vendor.packaging.requirements import Requirement
-for line in open(sys.argv[1]):
-    line = line.split('#')[0].strip()
-    if line:
-        req = Requirement(line)
-        if metadata.version(req.name) not in req.specifier:
-            sys.exit(1)
-EOF2
-}
-
-if test_requirements_met; then
+if [ "$(value test_tools)" = ok ]; then
     say "test tools present"
 else
     say "installing test tools"
     "${PIP[@]}" -r "$ROOT/requirements/tests.txt"
+    INSTALLED=1
 fi
 
-# Checked from / so that the checkout in the current directory does not
-# shadow what is installed.
-installed_at="$(cd / && "$PY" -c 'import os, mmddp_ext; print(os.path.dirname(os.path.dirname(os.path.abspath(mmddp_ext.__file__))))' 2>/dev/null || true)"
-if [ "$installed_at" = "$ROOT" ]; then
+if [ "$(value mmddp_ext_at)" = "$ROOT" ]; then
     say "mmddp_ext (editable) points at this checkout"
 else
     say "installing mmddp_ext from $ROOT (editable)"
     "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT" >/dev/null
+    INSTALLED=1
 fi
 
-say "ready: $("$PY" -c 'import torch, mmengine, mmcv, mmdet; print("torch", torch.__version__, "| mmengine", mmengine.__version__, "| mmcv", mmcv.__version__, "| mmdet", mmdet.__version__, "| cuda", torch.cuda.is_available())')"
+if [ "$INSTALLED" = 1 ]; then
+    STATE="$(probe)"
+fi
+for key in torch mmengine mmcv mmdet mmddp_ext_at; do
+    if [ "$(value "$key")" = missing ]; then
+        say "ERROR: $key is still missing after the set-up (see pip's output above)"
+        exit 1
+    fi
+done
+say "ready: torch $(value torch) | mmengine $(value mmengine) | mmcv $(value mmcv) | mmdet $(value mmdet) | cuda $(value cuda)"
