@@ -50,8 +50,12 @@ def _wait_for_a_killed_peer(kind: str, out_dir: str) -> None:
         outcome = 'returned'
     except RuntimeError as error:
         outcome = f'{type(error).__name__}: {error}'
-    with open(osp.join(out_dir, f'rank{rank}.json'), 'w') as f:
+    # written whole or not at all: run_on_ranks may kill a survivor while
+    # it writes (an empty file failed the reading once, 2026-11-28)
+    path = osp.join(out_dir, f'rank{rank}.json')
+    with open(path + '.part', 'w') as f:
         json.dump(dict(seconds=time.monotonic() - start, outcome=outcome), f)
+    os.replace(path + '.part', path)
 
 
 def _run(kind, tmp_path, env=None):
