@@ -10,6 +10,9 @@ REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
+# the slurm_cluster fixture (a one-node test Slurm)
+pytest_plugins = ['tests.slurm_cluster']
+
 # Ranks share 2 cores; one compute thread each keeps runs predictable.
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 # The learning tests run one process with 2 OpenMP threads beside the other
@@ -34,7 +37,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    # Read by mmddp_ext.utils.rank_launcher in every rank it starts.
+    # Read by mmddp_ext.launch.rank_launcher in every rank it starts.
     os.environ['MMDDP_EXT_RANK_DEVICE'] = config.getoption('--device')
     from tests.failure_log import register_failure_log
     from tests.multi_rank_marker import MARKER_HELP

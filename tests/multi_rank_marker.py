@@ -37,7 +37,7 @@ MARKER_HELP = (f'{MARKER}: the test starts ranks (run_on_ranks, run_command, '
 # Code of these packages is followed; anything else (torch, mmengine) is
 # a leaf.
 OWN_PACKAGES = ('tests', 'mmddp_ext')
-LAUNCHER_MODULE = 'mmddp_ext.utils.rank_launcher'
+LAUNCHER_MODULE = 'mmddp_ext.launch.rank_launcher'
 
 
 def _launchers() -> Set[int]:

@@ -78,10 +78,28 @@ if [ "$MAX_RESTARTS" -gt 0 ]; then
     export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 fi
 
-exec "${PYTHON:-python3}" -m torch.distributed.run \
+# Signals a cluster sends before it stops a job reach the ranks, which
+# checkpoint at the next iteration boundary (PreemptionHook). torchrun
+# itself dies of SIGUSR1 (its default action; pytorch #154849), which Slurm
+# sends to every process of a job step (--signal=USR1@N): it starts with
+# SIGUSR1 ignored, the ranks install their own handler, and a SIGUSR1 sent
+# to this script alone is passed on to them. SIGTERM and SIGINT go to
+# torchrun, which passes them on and waits for the ranks.
+trap '' USR1
+"${PYTHON:-python3}" -m torch.distributed.run \
     --nnodes="$NNODES" \
     --nproc_per_node="$NPROC" \
     "${RENDEZVOUS[@]}" \
     "$ROOT/tools/$SCRIPT" \
     "$CONFIG" \
-    --launcher pytorch "${@:3}"
+    --launcher pytorch "${@:3}" &
+LAUNCHER_PID=$!
+trap 'pkill -USR1 -P "$LAUNCHER_PID" || true' USR1
+trap 'kill -TERM "$LAUNCHER_PID" 2>/dev/null || true' TERM
+trap 'kill -INT "$LAUNCHER_PID" 2>/dev/null || true' INT
+# wait returns early (above 128) when a trapped signal arrives
+while true; do
+    STATUS=0
+    wait "$LAUNCHER_PID" || STATUS=$?
+    kill -0 "$LAUNCHER_PID" 2>/dev/null || exit "$STATUS"
+done

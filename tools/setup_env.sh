@@ -173,4 +173,29 @@ for key in torch mmengine mmcv mmdet mmddp_ext_at; do
         exit 1
     fi
 done
+
+# The Slurm tests' one-node cluster (tools/slurm_cluster.sh) needs Debian's
+# slurm-wlm and munge, and root to start their daemons.
+slurm_missing() {
+    local binary
+    for binary in slurmctld munged; do
+        PATH="$PATH:/usr/sbin:/sbin" command -v "$binary" >/dev/null \
+            || return 0
+    done
+    return 1
+}
+if [ "$(id -u)" != 0 ]; then
+    say "not root: the Slurm tests skip unless a test cluster already runs"
+elif ! slurm_missing; then
+    say "slurm-wlm and munge present"
+elif command -v apt-get >/dev/null; then
+    say "installing slurm-wlm and munge (apt-get)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq slurm-wlm munge >/dev/null; }; then
+        say "WARNING: apt-get could not install slurm-wlm munge: the Slurm" \
+            "tests will skip"
+    fi
+else
+    say "slurm-wlm/munge missing and no apt-get: the Slurm tests will skip"
+fi
 say "ready: torch $(value torch) | mmengine $(value mmengine) | mmcv $(value mmcv) | mmdet $(value mmdet) | cuda $(value cuda)"

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import torch.nn as nn
 
-from ..utils.rank_launcher import (RANK_DEVICE_ENV, MultiRankError,
+from ..launch.rank_launcher import (RANK_DEVICE_ENV, MultiRankError,
                                    run_on_ranks)
 from .dynamic_checks import (FixContext, context, dynamic_checks, error_types,
                              gradient_check)

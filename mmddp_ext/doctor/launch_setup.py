@@ -3,7 +3,7 @@ own resolver (:mod:`mmddp_ext.runner.ddp_setup`)."""
 import datetime
 
 from ..runner.ddp_setup import DDPSetup, resolve_ddp_setup
-from ..utils.dist_env import DEFAULT_COLLECTIVE_TIMEOUT_S
+from ..launch.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 def import_custom_modules(cfg) -> None:

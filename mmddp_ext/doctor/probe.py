@@ -2,7 +2,7 @@
 recorded without letting a divergence hang the run.
 
 :func:`probe_rank` runs on each of N real gloo ranks (through
-:func:`mmddp_ext.utils.rank_launcher.run_on_ranks`). It builds the config's
+:func:`mmddp_ext.launch.rank_launcher.run_on_ranks`). It builds the config's
 own runner (:mod:`.probe_runner`) and lets it train: hooks, message hub,
 the train loop's epoch and iteration, data preprocessor and collate
 function are the config's. Only the training step differs: DDP is not

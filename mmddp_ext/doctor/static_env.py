@@ -5,8 +5,9 @@ import platform
 from importlib import metadata
 from typing import List
 
+from ..launch.environments import expand_hostlist, slurm_port
+from ..launch.process_group import visible_gpu_count
 from ..runner.ddp_setup import DDPSetup
-from ..utils.dist_env import visible_gpu_count
 from .report import BLOCKER, OK, WARN, Check
 
 PHASE = 'environment'
@@ -76,9 +77,58 @@ def check_launcher_env() -> Check:
         fix=['unset ' + ' '.join(present)])
 
 
+def check_cluster_launch(setup: DDPSetup) -> Check:
+    """What a ``--launcher slurm`` launch from here would use, and whether
+    a preempted or timed-out job keeps its progress."""
+    name = 'cluster launch'
+    if not setup.opted_in or setup.ext_cfg.get('preemption') is None:
+        return Check(
+            PHASE, name, WARN,
+            'no PreemptionHook: a preempted, requeued or timed-out job '
+            'loses everything since its last checkpoint and, resumed, '
+            'trains part of an epoch again',
+            on_gpus='on a cluster, each preemption costs up to a '
+            'checkpoint interval of training.',
+            fix=(["runner_type = 'ExtRunner'"] if not setup.opted_in else
+                 []) + ['mmddp_ext_cfg = dict(preemption=dict(), '
+                        'exact_resume=True)'])
+    job = os.environ.get('SLURM_JOB_ID')
+    if not job:
+        return Check(
+            PHASE, name, OK, 'preemption checkpoints and exact resume on; '
+            'not inside a Slurm job (under srun, --launcher slurm takes '
+            "the rendezvous from the job's variables, its port from the "
+            'job id)')
+    nodes = (os.environ.get('SLURM_STEP_NODELIST')
+             or os.environ.get('SLURM_JOB_NODELIST', ''))
+    try:
+        master = os.environ.get('MASTER_ADDR') or expand_hostlist(nodes)[0]
+    except (ValueError, IndexError):
+        return Check(
+            PHASE, name, BLOCKER,
+            f'Slurm job {job}: its node list {nodes!r} cannot be read, so '
+            'no rank can find rank 0',
+            on_gpus='every rank fails at the rendezvous.',
+            fix=['export MASTER_ADDR=<the first node of the job>'])
+    if os.environ.get('MASTER_PORT'):
+        return Check(
+            PHASE, name, WARN,
+            f"Slurm job {job}: MASTER_PORT={os.environ['MASTER_PORT']} is "
+            'set, so every job started from this environment uses that '
+            'port: two of them on one node collide',
+            on_gpus='the second job on a node fails to bind its port.',
+            fix=['unset MASTER_PORT  # the port then follows the job id'])
+    port = slurm_port(job, os.environ.get('SLURM_STEP_ID', '0'))
+    return Check(
+        PHASE, name, OK,
+        f'Slurm job {job}: rendezvous at {master}:{port} (first node, port '
+        'from the job id); preemption checkpoints and exact resume on')
+
+
 def environment_checks(cfg, nproc: int, setup: DDPSetup) -> List[Check]:
     return [
         check_versions(),
         check_backend(cfg, nproc, setup),
         check_launcher_env(),
+        check_cluster_launch(setup),
     ]

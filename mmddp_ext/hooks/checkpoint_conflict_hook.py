@@ -6,7 +6,7 @@ from mmengine.registry import HOOKS
 from torch.nn.parallel import DistributedDataParallel
 
 from ..utils import activation_checkpoint as act_cp
-from ..utils.side_channel import SideChannel
+from ..launch.side_channel import SideChannel
 from ..utils.text import shorten
 from ..wrappers.auto_ddp import AutoDDP
 

@@ -9,7 +9,7 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from ..utils.side_channel import SideChannel
+from ..launch.side_channel import SideChannel
 from .loss_tap import add_loss_listener, remove_loss_listener
 from .rank_fingerprint import (COMPARED_FIELDS, FINGERPRINT_FIELDS, UNKNOWN,
                                RankDivergenceError, collective_count,
@@ -51,7 +51,7 @@ class RankConsistencyHook(Hook):
     differs, the ranks gather their loss keys and every rank raises
     :class:`RankDivergenceError` with the same message, e.g. "rank 1 has
     extra loss key(s) loss_aux ...". The check runs on a side channel
-    (:class:`~mmddp_ext.utils.side_channel.SideChannel`: a gloo group of
+    (:class:`~mmddp_ext.launch.side_channel.SideChannel`: a gloo group of
     its own, created at ``before_train`` with the default group's timeout,
     or, where gloo cannot connect across nodes, the default group's store,
     with one warning naming ``GLOO_SOCKET_IFNAME``), so it never pairs

@@ -59,8 +59,10 @@ EXT_CFG_DEFAULTS = dict(
     cpu_amp=True,
     empty_gt_guard=None,
     empty_gt_stats=False,
+    exact_resume=True,
     finite_predictions=True,
     nonfinite_skip=None,
+    preemption=dict(),
     rank_consistency=None,
 )
 
@@ -182,6 +184,8 @@ def ext_hooks(
                       dict(ext_cfg['rank_consistency'])))
     if ext_cfg['nonfinite_skip'] is not None:
         hooks.append(('NonFiniteSkipHook', dict(ext_cfg['nonfinite_skip'])))
+    if ext_cfg['preemption'] is not None:
+        hooks.append(('PreemptionHook', dict(ext_cfg['preemption'])))
     return hooks
 
 

@@ -17,19 +17,23 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS, RUNNERS
 from mmengine.runner import Runner
 
+from ..hooks.preemption_hook import Preempted
 from ..hooks.rank_status_hook import read_rank_status
+from ..launch.peer_watchdog import announce_planned_exit
 from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
-from ..utils.dist_env import (check_launch_environment, init_distributed,
+from ..launch.process_group import (check_launch_environment, init_distributed,
                               rank_device)
 from ..utils.run_record import read_record, write_record
+from ..utils.text import log_on_every_rank
 from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
 from .ddp_setup import (checked_ext_cfg, ext_hooks, resolve_ddp_setup,
                         resolve_precision, train_collate_cfg)
-from .epoch_restart import without_epoch_pause
+from .exact_resume import (position_meta, prepare_loop, resumable_loader_cfg,
+                           resumable_loop_cfg, resume_data)
 from .formatted_once_config import FormattedOnceConfig
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
@@ -99,6 +103,12 @@ class ExtRunner(Runner):
             collate = train_collate_cfg(loader, self.ext_cfg)
             if collate is not loader.get('collate_fn'):
                 self._train_dataloader = dict(loader, collate_fn=collate)
+        if self.ext_cfg['exact_resume'] and isinstance(
+                self._train_loop, dict):
+            self._train_loop = resumable_loop_cfg(self._train_loop)
+            self._train_dataloader = resumable_loader_cfg(
+                self._train_dataloader)
+        self._loaded_meta: Optional[dict] = None
 
     @property
     def ext_cfg(self) -> dict:
@@ -219,29 +229,42 @@ class ExtRunner(Runner):
         return super().wrap_model(setup.wrapper_cfg, model)
 
     def build_train_loop(self, loop):
-        """``Runner.build_train_loop``; an ``IterBasedTrainLoop`` whose
-        dataloader has no worker processes goes to its next epoch without
-        MMEngine's 2 s pause (:func:`~.epoch_restart.without_epoch_pause`).
-        """
-        return without_epoch_pause(super().build_train_loop(loop))
+        """``Runner.build_train_loop``; a resumable loop's samples are
+        seeded by key (:func:`~.exact_resume.prepare_loop`)."""
+        loop = super().build_train_loop(loop)
+        prepare_loop(loop, self.seed)
+        return loop
 
-    def build_optim_wrapper(self, optim_wrapper):
-        """Differs from ``Runner.build_optim_wrapper`` for an
-        ``AmpOptimWrapper`` config: it builds ``ExtAmpOptimWrapper``, which
-        runs mixed precision on CPU ranks too (MMEngine's refuses them)
-        through the code GPU ranks run, or a float32 ``OptimWrapper`` on
-        CPU ranks with ``mmddp_ext_cfg.cpu_amp=False``
-        (:func:`~mmddp_ext.runner.ddp_setup.resolve_precision`). The log
-        says which precision trains."""
-        if isinstance(optim_wrapper, dict):
-            precision = resolve_precision(optim_wrapper, get_device(),
-                                          self.ext_cfg['cpu_amp'])
-            if precision.reason:
-                print_log(
-                    f'ExtRunner: training in {precision.describe()}.',
-                    logger='current')
-            optim_wrapper = precision.optim_wrapper
-        return super().build_optim_wrapper(optim_wrapper)
+    def save_checkpoint(self, out_dir: str, filename: str, *args,
+                        **kwargs) -> None:
+        """Differs from ``Runner.save_checkpoint``: ``meta`` also holds
+        the position an exact resume continues from
+        (:func:`~.exact_resume.position_meta`), and a local file is written
+        under a temporary name and renamed once whole, so a process killed
+        during the save never leaves a truncated checkpoint under the name
+        ``last_checkpoint`` points to."""
+        given = inspect.signature(Runner.save_checkpoint).bind(
+            self, out_dir, filename, *args, **kwargs)
+        given.apply_defaults()
+        arguments = given.arguments
+        by_epoch = arguments['by_epoch']
+        meta = dict(arguments['meta'] or {})
+        meta.setdefault('epoch', self.epoch + 1 if by_epoch else self.epoch)
+        meta.setdefault('iter', self.iter if by_epoch else self.iter + 1)
+        if self._train_loop is not None and not isinstance(
+                self._train_loop, dict):
+            meta = position_meta(self.train_loop, meta, meta['epoch'],
+                                 meta['iter'])
+        arguments['meta'] = meta
+        local = (osp.isdir(out_dir) and arguments['file_client_args'] is None
+                 and arguments['backend_args'] is None)
+        if local:
+            arguments['filename'] = f'.{filename}.partial'
+        super().save_checkpoint(*given.args[1:], **given.kwargs)
+        if local and self.rank == 0:
+            os.replace(
+                osp.join(out_dir, arguments['filename']),
+                osp.join(out_dir, filename))
 
     def register_hooks(
             self,
@@ -264,7 +287,9 @@ class ExtRunner(Runner):
 
     def load_checkpoint(self, filename: str, *args, **kwargs):
         with safe_checkpoint_loading(self.cfg.get('trusted_checkpoints')):
-            return super().load_checkpoint(filename, *args, **kwargs)
+            checkpoint = super().load_checkpoint(filename, *args, **kwargs)
+        self._loaded_meta = checkpoint.get('meta')
+        return checkpoint
 
     def load_or_resume(self) -> None:
         """Differs from ``Runner.load_or_resume`` when training starts: the
@@ -276,14 +301,17 @@ class ExtRunner(Runner):
             return super().load_or_resume()
         check_resume(self._resume)
         start, need = self._agree_on_start()
-        _log_on_every_rank(f'ExtRunner (rank {self.rank}/{self.world_size})'
+        log_on_every_rank(f'ExtRunner (rank {self.rank}/{self.world_size})'
                            f'{_restart_text()}: {start.describe()}.')
         # What the runner loads, for hooks that read them (EMAHook swaps
         # its weights in after_load_checkpoint only for a resume).
         self._resume = start.action == 'resume'
         self._load_from = start.path
         if start.action == 'resume':
+            seed_before = self.seed
             self.resume(start.path)
+            if self.ext_cfg['exact_resume']:
+                resume_data(self, self._loaded_meta, seed_before)
         elif start.action == 'load':
             self.load_checkpoint(start.path)
         self._has_loaded = True
@@ -342,7 +370,12 @@ class ExtRunner(Runner):
     def train(self) -> nn.Module:
         self._in_train = True
         try:
-            return super().train()
+            model = super().train()
+            announce_planned_exit()
+            return model
+        except Preempted:
+            announce_planned_exit()
+            raise
         except UnexpectedUnusedParameterError as error:
             # Every rank raised it; a torchrun restart resumes correctly.
             keep_need_for_restart(self, error)
@@ -364,21 +397,30 @@ class ExtRunner(Runner):
                 'env_cfg.dist_cfg.timeout (seconds).') from error
 
 
+    def val(self) -> dict:
+        metrics = super().val()
+        announce_planned_exit()
+        return metrics
+
+    def test(self) -> dict:
+        metrics = super().test()
+        announce_planned_exit()
+        return metrics
+
+
 def _restart_text() -> str:
     restarts = restart_count()
     if not restarts:
         return ''
-    limit = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')
-    return (f', restart {restarts} of at most {limit} (torchrun restarted '
-            'every rank after one failed or was killed; its exit is '
-            'reported above)')
-
-
-def _log_on_every_rank(message: str) -> None:
-    """Log ``message`` on every rank: MMEngine's logger shows the other
-    ranks' INFO lines nowhere on the console (and writes their log files
-    only with ``log_level='DEBUG'``), so they print it as well."""
-    print_log(message, logger='current')
-    if get_rank() != 0:
-        print_log(message, logger=None)
-        sys.stdout.flush()
+    parts = []
+    torchrun = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0) or 0)
+    if torchrun:
+        limit = os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')
+        parts.append(f'restart {torchrun} of at most {limit} (torchrun '
+                     'restarted every rank after one failed or was killed; '
+                     'its exit is reported above)')
+    requeues = int(os.environ.get('SLURM_RESTART_COUNT', 0) or 0)
+    if requeues:
+        parts.append(f'Slurm requeue {requeues} of job '
+                     f"{os.environ.get('SLURM_JOB_ID')}")
+    return ', ' + ', '.join(parts)

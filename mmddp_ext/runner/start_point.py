@@ -52,9 +52,14 @@ class StartPoint:
         return f'training from freshly initialised weights: {self.why}'
 
 
+RESTART_COUNT_KEYS = ('TORCHELASTIC_RESTART_COUNT', 'SLURM_RESTART_COUNT')
+
+
 def restart_count() -> int:
-    """How many times torchrun restarted the ranks of this launch."""
-    return int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0) or 0)
+    """How many times this launch started again: torchrun's restarts of
+    its ranks plus Slurm's requeues of the job (a requeued job runs its
+    batch script again, with the command it was submitted with)."""
+    return sum(int(os.environ.get(key, 0) or 0) for key in RESTART_COUNT_KEYS)
 
 
 def checkpoint_stamp(path: Optional[str]) -> Optional[Stamp]:
@@ -117,7 +122,7 @@ def choose_start(
         load_from (str, optional): The config's ``load_from``.
         latest (list, optional): :func:`checkpoint_stamp` of the work dir's
             latest checkpoint.
-        restart (int): ``TORCHELASTIC_RESTART_COUNT``.
+        restart (int): :func:`restart_count`.
         record (dict, optional): The record found in the work dir.
         is_training_checkpoint (callable): Whether a path holds training
             state (:func:`holds_training_state`); asked only for

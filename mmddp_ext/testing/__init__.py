@@ -1,10 +1,10 @@
 """Helpers for testing DDP behaviour on real gloo ranks (used by tests/ and
 by users debugging DDP on a laptop). Importing this registers nothing.
 
-The rank launcher itself lives in :mod:`mmddp_ext.utils.rank_launcher`
+The rank launcher itself lives in :mod:`mmddp_ext.launch.rank_launcher`
 (the DDP doctor runs its probe with it); it is re-exported here for the
 tests' convenience."""
-from ..utils.rank_launcher import (MultiRankError, free_port,
+from ..launch.rank_launcher import (MultiRankError, free_port,
                                    kill_process_tree, process_tree,
                                    run_command, run_on_ranks)
 from .meta_weights import weights_on_meta

@@ -3,7 +3,7 @@
 ``MMDDP_EXT_RANK_DEVICE=cuda``, which ``pytest --device cuda`` sets)."""
 import torch
 
-from ..utils.rank_launcher import like_a_rank
+from ..launch.rank_launcher import like_a_rank
 
 __all__ = ['like_a_rank', 'on_rank_device', 'rank_test_device']
 

@@ -2,12 +2,10 @@ from .checkpoint_safety import (UnsafeCheckpointError, load_checkpoint_file,
                                 safe_checkpoint_loading, to_plain)
 from .class_count_check import check_class_counts, check_config_class_counts
 from .coco_check import check_coco_file, check_config_annotations
-from .dist_env import choose_backend, init_distributed, rank_device
 from .precision import full_precision
 
 __all__ = [
     'UnsafeCheckpointError', 'load_checkpoint_file', 'safe_checkpoint_loading',
     'to_plain', 'check_class_counts', 'check_config_class_counts',
-    'check_coco_file', 'check_config_annotations',
-    'choose_backend', 'init_distributed', 'rank_device', 'full_precision'
+    'check_coco_file', 'check_config_annotations', 'full_precision'
 ]

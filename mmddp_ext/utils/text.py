@@ -1,6 +1,12 @@
-"""How messages name ranks, lists and parameters, in one place."""
+"""How messages name ranks, lists and parameters, in one place, and how
+a message reaches the console of every rank."""
+import logging
+import sys
 from collections import OrderedDict
 from typing import Dict, List, Sequence
+
+from mmengine.dist import get_rank
+from mmengine.logging import print_log
 
 MAX_LISTED = 8
 MAX_LOGGED_GROUPS = 8
@@ -43,3 +49,14 @@ def group_param_names(names: Sequence[str],
     if len(groups) > max_groups:
         parts.append(more_text(len(groups) - max_groups, 'modules'))
     return ', '.join(parts)
+
+
+def log_on_every_rank(message: str, level: int = logging.INFO) -> None:
+    """Log ``message`` on every rank: MMEngine's logger shows the other
+    ranks' records below ERROR nowhere on the console (and writes their
+    log files only with ``log_level='DEBUG'``), so they print it as
+    well."""
+    print_log(message, logger='current', level=level)
+    if get_rank() != 0:
+        print_log(message, logger=None)
+        sys.stdout.flush()

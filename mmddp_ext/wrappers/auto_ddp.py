@@ -10,7 +10,7 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
 
 from ..utils.ddp_averaging import average_gradients, broadcast_from_rank0
-from ..utils.side_channel import SideChannel
+from ..launch.side_channel import SideChannel
 from ..utils.text import group_param_names, ranks_text
 from ..utils.torch_private import (ignore_in_ddp, queue_end_of_backward,
                                    reducer_params)

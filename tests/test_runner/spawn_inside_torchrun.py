@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
 
 
 def child(queue):
-    from mmddp_ext.utils.dist_env import init_distributed
+    from mmddp_ext.launch.process_group import init_distributed
     try:
         init_distributed('pytorch')
         queue.put('CHILD JOINED')

@@ -6,7 +6,7 @@ import pytest
 from mmengine.logging import MMLogger
 
 from mmddp_ext.testing import free_port, run_command
-from mmddp_ext.utils.dist_env import check_launch_environment
+from mmddp_ext.launch.process_group import check_launch_environment
 
 from ..helpers import REPO_ROOT, TINY_CONFIG
 
@@ -42,7 +42,7 @@ def test_spawning_ranks_inside_torchrun_is_refused():
 
 
 def test_local_rank_without_process_group_env_is_refused(monkeypatch):
-    from mmddp_ext.utils.dist_env import init_distributed
+    from mmddp_ext.launch.process_group import init_distributed
     for key in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv('LOCAL_RANK', '0')

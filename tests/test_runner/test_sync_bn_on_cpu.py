@@ -10,7 +10,7 @@ import torch.nn as nn
 from mmengine.model import BaseModel
 
 from mmddp_ext.testing import run_on_ranks
-from mmddp_ext.utils.rank_launcher import RANK_DEVICE_ENV
+from mmddp_ext.launch.rank_launcher import RANK_DEVICE_ENV
 
 
 class BatchNormModel(BaseModel):

@@ -209,7 +209,7 @@ def test_cpu_generator_draws_on_the_cpu_under_another_default_device():
     (torch would draw on the default device and, on CUDA, refuse the CPU
     generator), data moves to the default device, a permutation stays on
     the CPU where samplers index lists with it."""
-    from mmddp_ext.utils.rank_launcher import _DrawWhereTheGeneratorIs
+    from mmddp_ext.launch.rank_launcher import _DrawWhereTheGeneratorIs
     expected = _seeded_draws()
     mode = _DrawWhereTheGeneratorIs()
     torch.set_default_device('meta')
@@ -232,7 +232,7 @@ def test_the_timeout_counts_once_every_rank_started(monkeypatch):
     """Spawned ranks (the CUDA path: a fresh interpreter per rank) spend
     seconds importing before they run; a 2 s timeout still fits a quick
     function, because it counts from when the last rank started."""
-    from mmddp_ext.utils import rank_launcher
+    from mmddp_ext.launch import rank_launcher
     monkeypatch.setattr(rank_launcher, '_rank_context',
                         lambda device: rank_launcher.mp.get_context('spawn'))
     start = time.monotonic()

@@ -18,7 +18,7 @@ def _through_a_helper():
 
 
 def _imports_inside():
-    from mmddp_ext.utils.rank_launcher import run_command
+    from mmddp_ext.launch.rank_launcher import run_command
     return run_command(['true'])
 
 

@@ -20,6 +20,10 @@ import torch
 import torch.distributed as torch_dist
 from mmengine.logging import print_log
 
+from ..utils.torch_private import default_store
+from .environments import export_slurm_rendezvous, launched_by
+from .peer_watchdog import start_peer_watchdog
+
 SUPPORTED_LAUNCHERS = ('pytorch', 'slurm', 'mpi')
 TORCHRUN_ENV_KEYS = ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
 # A hang we did not foresee becomes an error after this many seconds
@@ -115,9 +119,13 @@ def check_launch_environment(launcher: str,
 
     - the process was started by torchrun (``WORLD_SIZE`` > 1) but
       ``launcher='none'``: every rank would train alone on all the data;
-    - a torchrun worker spawned this process with ``multiprocessing`` and
-      it now wants to join the process group itself: two layers of process
-      management (the OpenPCDet-style stall).
+    - a Slurm step started this process as one of several tasks but
+      ``launcher='none'``, for the same reason;
+    - a torchrun worker or an ``srun`` task spawned this process with
+      ``multiprocessing`` and it now wants to join the process group
+      itself: two layers of process management (the OpenPCDet-style
+      stall);
+    - ``launcher='slurm'`` outside a Slurm job step, or under torchrun.
 
     (``LOCAL_RANK`` without the rest of torchrun's environment is refused
     by :func:`init_distributed`.)
@@ -132,7 +140,15 @@ def check_launch_environment(launcher: str,
     """
     import multiprocessing
     import sys
+    started_by = launched_by()
     world_size = int(os.environ.get('WORLD_SIZE', 1))
+    tasks = int(os.environ.get('SLURM_NTASKS', 1))
+    if launcher == 'none' and started_by == 'slurm' and tasks > 1:
+        raise ValueError(
+            f'This process is task {os.environ.get("SLURM_PROCID")} of '
+            f'{tasks} of a Slurm job step, but launcher=\'none\': every '
+            'task would train alone on the whole dataset. Pass --launcher '
+            'slurm (tools/slurm_train.sh does), or start one task.')
     if launcher == 'none' and world_size > 1:
         raise ValueError(
             f'This process was started by a distributed launcher '
@@ -140,14 +156,23 @@ def check_launch_environment(launcher: str,
             "launcher='none': every rank would train alone on the whole "
             'dataset. Pass --launcher pytorch (tools/dist_train.sh does), '
             'or run a single process without torchrun.')
-    if (launcher != 'none' and 'TORCHELASTIC_RUN_ID' in os.environ
+    if (launcher != 'none' and started_by != 'plain'
             and multiprocessing.parent_process() is not None):
+        manager = 'srun' if started_by == 'slurm' else 'torchrun'
         raise ValueError(
             'Two layers of process management: this process was started '
-            'with multiprocessing (spawn/fork) by a rank that torchrun '
-            'already launched. Let torchrun start every rank '
-            '(tools/dist_train.sh CONFIG NPROC) and remove the '
-            'mp.spawn/Process call, or run that script without torchrun.')
+            f'with multiprocessing (spawn/fork) by a rank that {manager} '
+            f'already launched. Let {manager} start every rank '
+            '(tools/dist_train.sh CONFIG NPROC, tools/slurm_train.sh) and '
+            'remove the mp.spawn/Process call, or run that script without '
+            f'{manager}.')
+    if launcher == 'slurm' and started_by != 'slurm':
+        raise ValueError(
+            "launcher='slurm' needs a task of a Slurm job step (srun sets "
+            'SLURM_STEP_ID and SLURM_PROCID), but this process was started '
+            f'by {started_by}. Run it under srun (tools/slurm_train.sh '
+            "PARTITION JOB CONFIG WORK_DIR), or use --launcher pytorch "
+            'with tools/dist_train.sh.')
     argv = sys.argv if argv is None else argv
     if any(a.startswith(('--local-rank', '--local_rank')) for a in argv):
         print_log(
@@ -228,13 +253,17 @@ def release_gloo_work_before_exit() -> None:
 def init_distributed(launcher: str,
                      backend: Optional[str] = None,
                      timeout: Optional[float] = None,
+                     port: Optional[int] = None,
                      **kwargs) -> str:
     """Initialise the default process group on CPU or GPU.
 
-    Replaces ``mmengine.dist.init_dist`` for ``launcher='pytorch'``: it
-    differs in choosing gloo when NCCL cannot run (see
-    :func:`choose_backend`) and in setting a CUDA device only when one
-    exists. Other launchers are delegated to MMEngine, which needs CUDA.
+    Replaces ``mmengine.dist.init_dist`` for ``launcher='pytorch'`` and
+    ``'slurm'``: it differs in choosing gloo when NCCL cannot run (see
+    :func:`choose_backend`), in setting a CUDA device only when one exists
+    and, under Slurm, in the rendezvous
+    (:func:`~mmddp_ext.launch.environments.export_slurm_rendezvous`: the
+    master from the node list without ``scontrol``, a port per job).
+    ``'mpi'`` is delegated to MMEngine, which needs CUDA.
 
     Args:
         launcher (str): ``'pytorch'``, ``'slurm'`` or ``'mpi'``.
@@ -242,6 +271,10 @@ def init_distributed(launcher: str,
             :func:`choose_backend`. Defaults to None.
         timeout (float, optional): Collective timeout in seconds.
             Defaults to None, meaning ``DEFAULT_COLLECTIVE_TIMEOUT_S``.
+        port (int, optional): ``env_cfg.dist_cfg.port``: the rendezvous
+            port of a Slurm launch, as MMEngine reads it (torchrun chose
+            its own port already, so it is ignored there, with a
+            warning). Defaults to None.
         **kwargs: Passed to ``torch.distributed.init_process_group``
             unchanged.
 
@@ -254,19 +287,33 @@ def init_distributed(launcher: str,
             f"training, but got {launcher!r}. Use launcher='none' for a "
             'single process.')
     timeout = DEFAULT_COLLECTIVE_TIMEOUT_S if timeout is None else timeout
-    if launcher != 'pytorch':
+    if launcher == 'mpi':
         if visible_gpu_count() == 0:
             raise ValueError(
                 f'launcher={launcher!r} needs CUDA in MMEngine, and none is '
                 "available. On CPU use launcher='pytorch' through "
-                '`tools/dist_train.sh CONFIG NPROC`.')
+                "`tools/dist_train.sh CONFIG NPROC`, or launcher='slurm' "
+                'under srun (tools/slurm_train.sh).')
         from mmengine.dist import init_dist
+        if port is not None:
+            kwargs['port'] = port
         init_dist(
             launcher, backend=backend or 'nccl', timeout=timeout, **kwargs)
         return torch_dist.get_backend()
 
     check_launch_environment(launcher)
-    _check_torchrun_env(launcher)
+    if launcher == 'slurm':
+        export_slurm_rendezvous(port)
+    else:
+        _check_torchrun_env(launcher)
+        if port is not None:
+            print_log(
+                f'env_cfg.dist_cfg.port={port} is ignored: torchrun chose '
+                f"the rendezvous port already (MASTER_PORT="
+                f"{os.environ['MASTER_PORT']}; tools/dist_train.sh takes "
+                'PORT=...).',
+                logger='current',
+                level=logging.WARNING)
     kwargs['timeout'] = datetime.timedelta(seconds=timeout)
     chosen, reason = choose_backend(backend)
     device = rank_device()
@@ -279,13 +326,24 @@ def init_distributed(launcher: str,
         **kwargs)
     if chosen == 'gloo':
         release_gloo_work_before_exit()
+    if launcher == 'slurm':
+        # srun ends the other tasks of a failed one only with
+        # --kill-on-bad-exit=1; torchrun always does.
+        start_peer_watchdog(default_store(), torch_dist.get_rank(),
+                            torch_dist.get_world_size(),
+                            os.environ['MASTER_ADDR'])
     # On a CPU-only machine gloo is the documented stand-in for nccl; with
     # GPUs, not getting the requested backend deserves a warning.
     switched = backend not in (None, chosen) and visible_gpu_count() > 0
+    rendezvous = (f" through {os.environ['MASTER_ADDR']}:"
+                  f"{os.environ['MASTER_PORT']} (Slurm job "
+                  f"{os.environ.get('SLURM_JOB_ID')}, task "
+                  f"{os.environ.get('SLURM_PROCID')})"
+                  if launcher == 'slurm' else '')
     print_log(
         f'mmddp_ext: {chosen} process group, rank {torch_dist.get_rank()}/'
-        f'{torch_dist.get_world_size()} on {device} ({reason}), collective '
-        f"timeout {kwargs['timeout'].total_seconds():.0f}s" +
+        f'{torch_dist.get_world_size()} on {device} ({reason}){rendezvous}, '
+        f"collective timeout {kwargs['timeout'].total_seconds():.0f}s" +
         (f'; env_cfg.dist_cfg.backend={backend!r} cannot run here'
          if switched else ''),
         logger='current',

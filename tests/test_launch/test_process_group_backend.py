@@ -3,7 +3,7 @@ asks for (issue 14, case 10): no guess from WORLD_SIZE, which counts the
 ranks of every node."""
 import pytest
 
-from mmddp_ext.utils import dist_env
+from mmddp_ext.launch import process_group as dist_env
 
 
 @pytest.mark.parametrize('requested', ['nccl', None])

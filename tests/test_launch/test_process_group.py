@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 
 from mmddp_ext.testing import run_on_ranks
-from mmddp_ext.utils import dist_env
+from mmddp_ext.launch import process_group as dist_env
 
 
 @pytest.mark.parametrize('gpus, ranks, requested, expected, why', [

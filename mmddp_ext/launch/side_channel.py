@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from mmengine.logging import print_log
 
-from .dist_env import release_gloo_work_before_exit
-from .torch_private import default_store, group_timeout
+from ..utils.torch_private import default_store, group_timeout
+from .process_group import release_gloo_work_before_exit
 
 STORE_PREFIX = 'mmddp_ext/side'
 # Channels opened per name in this process: every rank opens them in the

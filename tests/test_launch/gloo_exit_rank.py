@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mmddp_ext.utils import dist_env
+from mmddp_ext.launch import process_group as dist_env
 
 EXITING = 'rank0_is_exiting'
 DONE = 'rank1_all_reduce_done'

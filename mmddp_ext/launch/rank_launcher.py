@@ -32,6 +32,8 @@ import torch
 import torch.multiprocessing as mp
 from torch.overrides import TorchFunctionMode
 
+from .environments import without_outer_launcher
+
 LOG_TAIL_CHARS = 6000
 # Environment variable naming the ranks' default device (cpu or cuda).
 RANK_DEVICE_ENV = 'MMDDP_EXT_RANK_DEVICE'
@@ -311,7 +313,7 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
     # The fork server's environment is from when it started; use the
     # caller's, as a spawned process would.
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update(without_outer_launcher(env))
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),

@@ -2,6 +2,8 @@
 next epoch without MMEngine's 2 s pause; the sampler's epoch still
 advances. Stock ``Runner`` (the control) pauses at every epoch end."""
 import mmengine.runner.loops as loops
+
+import mmddp_ext.runner.resumable_iter_loop as resumable_iter_loop
 import pytest
 import torch
 import torch.nn as nn
@@ -55,6 +57,7 @@ def test_epoch_ends_pause_only_with_workers(tmp_path, monkeypatch,
     from mmddp_ext.runner import ExtRunner
     clock = _Clock()
     monkeypatch.setattr(loops, 'time', clock)
+    monkeypatch.setattr(resumable_iter_loop, 'time', clock)
     runner = dict(ExtRunner=ExtRunner, Runner=Runner)[runner_type](
         model=_Linear(),
         work_dir=str(tmp_path),
@@ -71,5 +74,9 @@ def test_epoch_ends_pause_only_with_workers(tmp_path, monkeypatch,
     runner.train()
     assert runner.iter == 6
     assert clock.sleeps == [2] * pauses
-    sampler = runner.train_loop.dataloader.sampler
+    loader = runner.train_loop.dataloader
+    # with a batch sampler (ExtRunner's ResumableBatchSampler, mmdet's
+    # AspectRatioBatchSampler) the DataLoader's own .sampler is torch's
+    # SequentialSampler and MMEngine sets the epoch on the batch sampler's
+    sampler = getattr(loader.batch_sampler, 'sampler', loader.sampler)
     assert isinstance(sampler, DefaultSampler) and sampler.epoch == 2

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from mmddp_ext.testing import MultiRankError, run_on_ranks
-from mmddp_ext.utils.side_channel import VANISHED_ENV
+from mmddp_ext.launch.side_channel import VANISHED_ENV
 
 NO_SUCH_INTERFACE = 'mmddp_no_if0'
 # Long enough that a survivor stopping before it was not stopped by the
@@ -28,7 +28,7 @@ def _wait_for_a_killed_peer(kind: str, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from mmddp_ext.utils.side_channel import SideChannel
+    from mmddp_ext.launch.side_channel import SideChannel
     if kind == 'gloo_kept_open':  # the negative control's channel
         SideChannel._gloo_failure = contextlib.nullcontext
     dist.init_process_group(

@@ -1,0 +1,192 @@
+"""A run stopped by a signal at any iteration and resumed ends exactly where
+the uninterrupted run ends (one process; the multi-rank and launcher runs
+are in test_preemption_dist.py).
+
+Each case trains the toy run of ``toy_config.py`` (dropout and noise in
+the step, augmentation from the three global generators in the dataset, a
+random scale in the collate function, momentum, a per-iteration schedule,
+EMA) uninterrupted, then again stopped by ``SIGUSR1`` after iteration
+``stop`` and resumed by a new runner, and compares: the samples and their
+augmentation at every iteration, the learning rate, the counters, and
+every weight of the model and of the EMA bit for bit.
+
+Negative controls: with ``mmddp_ext_cfg.exact_resume=False`` (MMEngine's
+resume) the resumed run trains the start of the epoch again; with each
+part of exact resume removed alone, the resumed run differs where that
+part acts.
+"""
+import os
+import os.path as osp
+import signal
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+from .toy import read_trained
+
+CONFIG = osp.join(osp.dirname(__file__), 'toy_config.py')
+ITERS_PER_EPOCH = 6  # 12 samples, batch 2, one process
+
+
+@HOOKS.register_module()
+class SignalAtIterationHook(Hook):
+    """Sends ``signum`` to this process before iteration ``iteration``."""
+
+    def __init__(self, iteration: int, signum: int = signal.SIGUSR1):
+        self.iteration = iteration
+        self.signum = signum
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == self.iteration:
+            os.kill(os.getpid(), self.signum)
+
+
+def _cfg(work_dir, loop='epoch', workers=0, persistent=False, ext=None,
+         extra_hooks=(), seed=2026):
+    cfg = Config.fromfile(CONFIG)
+    cfg.randomness = dict(seed=seed)
+    cfg.work_dir = str(work_dir)
+    cfg.model.log_dir = str(work_dir)
+    cfg.train_dataloader.num_workers = workers
+    cfg.train_dataloader.persistent_workers = persistent and workers > 0
+    if loop == 'iter':
+        cfg.train_cfg = dict(by_epoch=False, max_iters=3 * ITERS_PER_EPOCH)
+        cfg.train_dataloader.sampler = dict(
+            type='InfiniteSampler', shuffle=True)
+        cfg.default_hooks.checkpoint = dict(
+            type='CheckpointHook', interval=ITERS_PER_EPOCH, by_epoch=False)
+    cfg.mmddp_ext_cfg = dict(ext or {})
+    cfg.custom_hooks = list(cfg.custom_hooks) + list(extra_hooks)
+    return cfg
+
+
+def _train(cfg):
+    from mmddp_ext.runner import ExtRunner
+    runner = ExtRunner.from_cfg(cfg)
+    runner.train()
+    return runner
+
+
+def _final_state(runner):
+    ema = [h for h in runner.hooks if type(h).__name__ == 'EMAHook'][0]
+    model = {k: v.detach().clone() for k, v in runner.model.state_dict()
+             .items()}
+    averaged = {
+        k: v.detach().clone()
+        for k, v in ema.ema_model.state_dict().items()
+    }
+    lr = runner.optim_wrapper.get_lr()['lr'][0]
+    return model, averaged, lr, runner.iter, runner.epoch
+
+
+def _stopped_and_resumed(tmp_path, stop, **kwargs):
+    work_dir = tmp_path / 'stopped'
+    with pytest.raises(SystemExit) as stopped:
+        _train(_cfg(work_dir, extra_hooks=[
+            dict(type='SignalAtIterationHook', iteration=stop)
+        ], **kwargs))
+    assert stopped.value.code == 128 + signal.SIGUSR1
+    with open(work_dir / 'last_checkpoint') as f:
+        assert f.read().strip().endswith(f'iter_{stop + 1}.pth')
+    cfg = _cfg(work_dir, **kwargs)
+    cfg.resume = 'auto'
+    return _train(cfg), work_dir
+
+
+def _assert_same(uninterrupted, resumed):
+    model, ema, lr, iters, epoch = _final_state(uninterrupted)
+    model_r, ema_r, lr_r, iters_r, epoch_r = _final_state(resumed)
+    assert (iters_r, epoch_r) == (iters, epoch)
+    assert lr_r == lr
+    for key in model:
+        assert torch.equal(model[key], model_r[key]), key
+    for key in ema:
+        assert torch.equal(ema[key], ema_r[key]), f'EMA {key}'
+
+
+@pytest.mark.parametrize('loop, workers, persistent, stop, seed', [
+    ('epoch', 0, False, 8, 2026),
+    ('epoch', 2, False, 8, 2026),
+    ('epoch', 2, True, 5, None),  # the epoch's last iteration; no seed
+    ('iter', 0, False, 7, 2026),
+    ('iter', 2, True, 9, None),
+])
+def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, loop,
+                                                      workers, persistent,
+                                                      stop, seed):
+    """Without a seed in the config each run draws one; the resumed run
+    takes the checkpoint's (MMEngine), and the uninterrupted run to match
+    is the one with that seed."""
+    kwargs = dict(loop=loop, workers=workers, persistent=persistent,
+                  seed=seed)
+    resumed, work_dir = _stopped_and_resumed(tmp_path, stop, **kwargs)
+    kwargs['seed'] = resumed.seed
+    whole = _train(_cfg(tmp_path / 'whole', **kwargs))
+    expected = read_trained(tmp_path / 'whole', 0)
+    trained = read_trained(work_dir, 0)
+    assert len(trained) == len(expected) == 3 * ITERS_PER_EPOCH
+    # the same samples in the same order, augmented the same way
+    assert trained == expected
+    _assert_same(whole, resumed)
+    if loop == 'epoch':
+        for epoch in range(3):
+            indices = sum((r['indices'] for r in trained[
+                epoch * ITERS_PER_EPOCH:(epoch + 1) * ITERS_PER_EPOCH]), [])
+            assert sorted(indices) == list(range(12))  # each sample once
+
+
+def test_the_resumed_run_loads_no_skipped_batch(tmp_path):
+    """The trained batches are skipped by index: the dataset loads only the
+    samples of the iterations the resumed run trains."""
+    resumed, _ = _stopped_and_resumed(tmp_path, 7, loop='iter')
+    dataset = resumed.train_dataloader.dataset
+    assert dataset.loads == 2 * (3 * ITERS_PER_EPOCH - 8)
+
+
+def test_mmengine_resume_trains_the_epoch_start_again(tmp_path):
+    """The control: MMEngine's resume (exact_resume off) trains the first
+    batches of the epoch again and ends elsewhere."""
+    ext = dict(exact_resume=False)
+    whole = _train(_cfg(tmp_path / 'whole', ext=ext))
+    resumed, work_dir = _stopped_and_resumed(tmp_path, 8, ext=ext)
+    trained = read_trained(work_dir, 0)
+    assert len(trained) > 3 * ITERS_PER_EPOCH  # the epoch's start twice
+    model, _, _, _, _ = _final_state(whole)
+    model_r, _, _, _, _ = _final_state(resumed)
+    assert any(not torch.equal(model[k], model_r[k]) for k in model)
+
+
+@pytest.mark.parametrize('part', ['step_seed', 'sample_seed'])
+def test_each_part_of_exact_resume_is_needed(tmp_path, monkeypatch, part):
+    """Controls, one part of exact resume removed at a time: without the
+    per-iteration seeds the resumed step draws other noise; without the
+    per-sample seeds the workers augment other numbers after the resume."""
+    from mmddp_ext.datasets import seeded_samples
+    from mmddp_ext.runner import exact_resume
+    if part == 'step_seed':
+        monkeypatch.setattr(exact_resume, 'reseed_step',
+                            lambda runner, tag, number: None)
+        for module in ('resumable_epoch_loop', 'resumable_iter_loop'):
+            monkeypatch.setattr(f'mmddp_ext.runner.{module}.reseed_step',
+                                lambda runner, tag, number: None)
+        kwargs = dict(workers=0)
+    else:
+        monkeypatch.setattr(seeded_samples.SeededFetch, '__call__',
+                            lambda self, keys: [self.dataset[int(k)]
+                                                for k in keys])
+        kwargs = dict(workers=2)
+    whole = _train(_cfg(tmp_path / 'whole', **kwargs))
+    resumed, work_dir = _stopped_and_resumed(tmp_path, 8, **kwargs)
+    expected = read_trained(tmp_path / 'whole', 0)
+    trained = read_trained(work_dir, 0)
+    assert [r['indices'] for r in trained] == [
+        r['indices'] for r in expected
+    ]
+    model, _, _, _, _ = _final_state(whole)
+    model_r, _, _, _, _ = _final_state(resumed)
+    assert any(not torch.equal(model[k], model_r[k]) for k in model)
+    if part == 'sample_seed':
+        assert [r['draws'] for r in trained] != [r['draws'] for r in expected]

@@ -1,0 +1,199 @@
+"""Training on a real one-node Slurm (tests/slurm_cluster.py starts it):
+tools/slurm_train.sh on 2 tasks, two jobs at once without MASTER_PORT,
+a user's own sbatch script preempted with SIGUSR1 mid-epoch, requeued and
+resumed exactly (control: MMEngine's resume, in a job beside it, ends
+elsewhere), and a task SIGKILLed under a plain srun.
+
+The run is the toy of tests/test_runner/exact_resume (3 epochs of 3
+iterations per rank, dropout and noise, augmentation from the global
+generators, momentum, a per-iteration schedule, EMA).
+"""
+import os
+import os.path as osp
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from mmddp_ext.testing import kill_process_tree
+
+from ..helpers import REPO_ROOT, train_on_ranks
+from ..test_runner.exact_resume.toy import read_trained
+
+CONFIG = osp.join(REPO_ROOT, 'tests', 'test_runner', 'exact_resume',
+                  'toy_config.py')
+BATCH_SCRIPT = osp.join(REPO_ROOT, 'tools', 'slurm_batch_example.sh')
+CPU_TASKS = dict(GPUS='2', CPUS_PER_TASK='1', SRUN_ARGS='--overcommit')
+RUN_TIMEOUT_S = 180
+ITERS = 9
+
+
+def _options(work_dir, delay=0.0, exact=True, epochs=3):
+    return [
+        f'model.log_dir={work_dir}', f'model.step_delay={delay}',
+        f'mmddp_ext_cfg.exact_resume={exact}', f'train_cfg.max_epochs={epochs}'
+    ]
+
+
+def _finish(proc, timeout=RUN_TIMEOUT_S):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_process_tree(proc.pid)
+        out, _ = proc.communicate()
+        pytest.fail(f'did not end in {timeout}s:\n{out[-6000:]}')
+    return proc.returncode, out
+
+
+def _slurm_train(cluster, work_dir, options):
+    return subprocess.Popen(
+        ['bash', osp.join(REPO_ROOT, 'tools', 'slurm_train.sh'),
+         cluster.partition, 'toy', CONFIG, str(work_dir), '--cfg-options',
+         *options],
+        cwd=REPO_ROOT, env=cluster.env(dict(CPU_TASKS, PYTHON=sys.executable)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+
+
+def _lines(work_dir, rank=0):
+    path = osp.join(work_dir, f'trained_rank{rank}.jsonl')
+    if not osp.exists(path):
+        return 0
+    with open(path) as f:
+        return sum(1 for _ in f)
+
+
+def _wait_for_lines(work_dir, count, timeout=RUN_TIMEOUT_S, rank=0):
+    deadline = time.monotonic() + timeout
+    while _lines(work_dir, rank) < count:
+        assert time.monotonic() < deadline, f'{work_dir}: no progress'
+        time.sleep(0.1)
+
+
+def _final(work_dir):
+    checkpoint = torch.load(
+        osp.join(work_dir, f'epoch_{ITERS // 3}.pth'), map_location='cpu',
+        weights_only=True)
+    return checkpoint['state_dict'], checkpoint['ema_state_dict']
+
+
+def _same_run(work_dir, reference) -> bool:
+    if any(
+            read_trained(work_dir, rank) != read_trained(reference, rank)
+            for rank in range(2)):
+        return False
+    weights, ema = _final(work_dir)
+    expected_weights, expected_ema = _final(reference)
+    return all(torch.equal(weights[k], expected_weights[k])
+               for k in expected_weights) and all(
+                   torch.equal(ema[k], expected_ema[k]) for k in expected_ema)
+
+
+def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
+    """tools/slurm_train.sh, 2 tasks each, two jobs at once, no
+    MASTER_PORT anywhere: each job's rendezvous has its own port."""
+    assert 'MASTER_PORT' not in os.environ
+    dirs = [tmp_path / 'a', tmp_path / 'b']
+    procs = [
+        _slurm_train(slurm_cluster, d, _options(d, epochs=1)) for d in dirs
+    ]
+    outs = [_finish(p) for p in procs]
+    ports = set()
+    for (code, out), work_dir in zip(outs, dirs):
+        assert code == 0, out[-6000:]
+        found = re.findall(
+            r'gloo process group, rank 0/2 on cpu .* through \S+:(\d+) '
+            r'\(Slurm job (\d+), task 0\)', out)
+        assert found, out[-6000:]
+        ports.add(found[0][0])
+        assert osp.exists(osp.join(work_dir, 'epoch_1.pth'))
+        assert _lines(work_dir, 1) == 3  # rank 1 trained its share too
+    assert len(ports) == 2, outs
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    work_dir = str(tmp_path_factory.mktemp('uninterrupted'))
+    result = train_on_ranks(CONFIG, 2, work_dir, _options(work_dir),
+                            timeout=RUN_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-6000:]
+    return work_dir
+
+
+def _submit(cluster, work_dir, exact):
+    out = osp.join(work_dir + '_job.out')
+    job = cluster.sbatch(
+        BATCH_SCRIPT, CONFIG, work_dir, '--cfg-options',
+        *_options(work_dir, delay=0.4, exact=exact),
+        options=[
+            '--ntasks=2', '--ntasks-per-node=2', '--cpus-per-task=1',
+            '--overcommit', f'--output={out}', '--time=10'
+        ],
+        env=dict(PYTHON=sys.executable),
+        cwd=REPO_ROOT)
+    return job, out
+
+
+def test_preempted_batch_job_requeues_and_resumes_exactly(
+        slurm_cluster, tmp_path, uninterrupted):
+    """The user's own sbatch script (tools/slurm_batch_example.sh), 2
+    tasks; ``scancel --signal=USR1`` mid-epoch: the ranks checkpoint at one
+    iteration, the job requeues itself, starts again and resumes by itself
+    to the uninterrupted run's end. The control job beside it, the same
+    with MMEngine's resume (exact_resume=False), ends elsewhere."""
+    jobs = {}
+    for exact in (True, False):
+        work_dir = str(tmp_path / f'exact_{exact}')
+        jobs[exact] = (*_submit(slurm_cluster, work_dir, exact), work_dir)
+    for job, _, work_dir in jobs.values():
+        _wait_for_lines(work_dir, 4)  # the second epoch has begun
+        slurm_cluster.cancel(job, signal='USR1')
+    for job, _, _ in jobs.values():
+        slurm_cluster.wait_state(
+            job, 'COMPLETED', timeout=RUN_TIMEOUT_S, restarts=1)
+    for exact, (job, out, work_dir) in jobs.items():
+        with open(out) as f:
+            log = f.read()
+        stops = re.findall(
+            r'PreemptionHook: SIGUSR1: rank (\d) stops after iteration (\d+)'
+            r'.* job (\d+) requeued', log)
+        assert sorted(s[0] for s in stops) == ['0', '1'], log[-6000:]
+        assert len({s[1] for s in stops}) == 1, stops  # the same iteration
+        trained = int(stops[0][1])
+        assert 4 <= trained < ITERS and stops[0][2] == job
+        assert 'scontrol requeue' in log and 'run 2,' in log
+        assert f'Slurm requeue 1 of job {job}' in log
+        assert f'resuming from {work_dir}/iter_{trained}.pth' in log
+        assert _same_run(work_dir, uninterrupted) == exact, log[-3000:]
+
+
+def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path):
+    """A plain srun without --kill-on-bad-exit: rank 1 is SIGKILLed; rank 0
+    names it and stops within 30 s (gloo would fail its next collective on
+    a CPU too, without naming the rank; NCCL would wait for the
+    timeout)."""
+    work_dir = str(tmp_path / 'run')
+    proc = subprocess.Popen(
+        ['srun', '-p', slurm_cluster.partition, '--ntasks=2',
+         '--overcommit', sys.executable, '-u', 'tools/train.py', CONFIG,
+         '--launcher', 'slurm', '--work-dir', work_dir, '--cfg-options',
+         *_options(work_dir, delay=0.5)],
+        cwd=REPO_ROOT,
+        env=slurm_cluster.env(
+            dict(PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS='1')),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    _wait_for_lines(work_dir, 2, rank=1)
+    victim = read_trained(work_dir, 1, with_pid=True)[0]['pid']
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    code, out = _finish(proc, timeout=60)
+    assert time.monotonic() - killed < 30, out[-4000:]
+    assert code != 0
+    assert re.search(rf'rank 1 \(host \S+, pid {victim}\) stopped', out), \
+        out[-6000:]
+    assert 'Rank 0 on' in out and 'stops now' in out
