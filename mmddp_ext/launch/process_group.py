@@ -156,9 +156,12 @@ def check_launch_environment(launcher: str,
             "launcher='none': every rank would train alone on the whole "
             'dataset. Pass --launcher pytorch (tools/dist_train.sh does), '
             'or run a single process without torchrun.')
-    if (launcher != 'none' and started_by != 'plain'
+    # A launcher's own marks (not WORLD_SIZE, which our rank launcher and
+    # any env:// launcher set for their ranks too).
+    manager = ('torchrun' if 'TORCHELASTIC_RUN_ID' in os.environ else
+               'srun' if started_by == 'slurm' else None)
+    if (launcher != 'none' and manager is not None
             and multiprocessing.parent_process() is not None):
-        manager = 'srun' if started_by == 'slurm' else 'torchrun'
         raise ValueError(
             'Two layers of process management: this process was started '
             f'with multiprocessing (spawn/fork) by a rank that {manager} '

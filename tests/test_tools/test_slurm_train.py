@@ -32,10 +32,10 @@ RUN_TIMEOUT_S = 180
 ITERS = 9
 
 
-def _options(work_dir, delay=0.0, exact=True, epochs=3):
+def _options(work_dir, delay=0.0, exact=True):
     return [
         f'model.log_dir={work_dir}', f'model.step_delay={delay}',
-        f'mmddp_ext_cfg.exact_resume={exact}', f'train_cfg.max_epochs={epochs}'
+        f'mmddp_ext_cfg.exact_resume={exact}'
     ]
 
 
@@ -99,7 +99,7 @@ def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
     assert 'MASTER_PORT' not in os.environ
     dirs = [tmp_path / 'a', tmp_path / 'b']
     procs = [
-        _slurm_train(slurm_cluster, d, _options(d, epochs=1)) for d in dirs
+        _slurm_train(slurm_cluster, d, _options(d)) for d in dirs
     ]
     outs = [_finish(p) for p in procs]
     ports = set()
@@ -110,8 +110,8 @@ def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
             r'\(Slurm job (\d+), task 0\)', out)
         assert found, out[-6000:]
         ports.add(found[0][0])
-        assert osp.exists(osp.join(work_dir, 'epoch_1.pth'))
-        assert _lines(work_dir, 1) == 3  # rank 1 trained its share too
+        assert osp.exists(osp.join(work_dir, f'epoch_{ITERS // 3}.pth'))
+        assert _lines(work_dir, 1) == ITERS  # rank 1 trained its share
     assert len(ports) == 2, outs
 
 
@@ -171,11 +171,13 @@ def test_preempted_batch_job_requeues_and_resumes_exactly(
         assert _same_run(work_dir, uninterrupted) == exact, log[-3000:]
 
 
-def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path):
+@pytest.mark.parametrize('watchdog', ['1', '0'])
+def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path, watchdog):
     """A plain srun without --kill-on-bad-exit: rank 1 is SIGKILLed; rank 0
-    names it and stops within 30 s (gloo would fail its next collective on
-    a CPU too, without naming the rank; NCCL would wait for the
-    timeout)."""
+    names it and stops within 30 s. The control, without the peer watchdog
+    (MMDDP_EXT_PEER_WATCHDOG=0): on CPU ranks gloo fails rank 0's next
+    collective too, but nothing names the rank that died (NCCL would wait
+    for the collective timeout)."""
     work_dir = str(tmp_path / 'run')
     proc = subprocess.Popen(
         ['srun', '-p', slurm_cluster.partition, '--ntasks=2',
@@ -184,7 +186,8 @@ def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path):
          *_options(work_dir, delay=0.5)],
         cwd=REPO_ROOT,
         env=slurm_cluster.env(
-            dict(PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS='1')),
+            dict(PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS='1',
+                 MMDDP_EXT_PEER_WATCHDOG=watchdog)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True)
     _wait_for_lines(work_dir, 2, rank=1)
@@ -194,6 +197,6 @@ def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path):
     code, out = _finish(proc, timeout=60)
     assert time.monotonic() - killed < 30, out[-4000:]
     assert code != 0
-    assert re.search(rf'rank 1 \(host \S+, pid {victim}\) stopped', out), \
-        out[-6000:]
-    assert 'Rank 0 on' in out and 'stops now' in out
+    named = re.search(rf'rank 1 \(host \S+, pid {victim}\) stopped', out)
+    assert bool(named) == (watchdog == '1'), out[-6000:]
+    assert ('Rank 0 on' in out and 'stops now' in out) == bool(named)
