@@ -266,6 +266,24 @@ class ExtRunner(Runner):
                 osp.join(out_dir, arguments['filename']),
                 osp.join(out_dir, filename))
 
+    def build_optim_wrapper(self, optim_wrapper):
+        """Differs from ``Runner.build_optim_wrapper`` for an
+        ``AmpOptimWrapper`` config: it builds ``ExtAmpOptimWrapper``, which
+        runs mixed precision on CPU ranks too (MMEngine's refuses them)
+        through the code GPU ranks run, or a float32 ``OptimWrapper`` on
+        CPU ranks with ``mmddp_ext_cfg.cpu_amp=False``
+        (:func:`~mmddp_ext.runner.ddp_setup.resolve_precision`). The log
+        says which precision trains."""
+        if isinstance(optim_wrapper, dict):
+            precision = resolve_precision(optim_wrapper, get_device(),
+                                          self.ext_cfg['cpu_amp'])
+            if precision.reason:
+                print_log(
+                    f'ExtRunner: training in {precision.describe()}.',
+                    logger='current')
+            optim_wrapper = precision.optim_wrapper
+        return super().build_optim_wrapper(optim_wrapper)
+
     def register_hooks(
             self,
             default_hooks: Optional[Dict[str, Union[Hook, Dict]]] = None,

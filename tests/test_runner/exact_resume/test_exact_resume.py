@@ -15,33 +15,18 @@ resume) the resumed run trains the start of the epoch again; with each
 part of exact resume removed alone, the resumed run differs where that
 part acts.
 """
-import os
 import os.path as osp
 import signal
 
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.hooks import Hook
-from mmengine.registry import HOOKS
 
+from .toy import SignalAtIterationHook  # noqa: F401 (registers it)
 from .toy import read_trained
 
 CONFIG = osp.join(osp.dirname(__file__), 'toy_config.py')
 ITERS_PER_EPOCH = 6  # 12 samples, batch 2, one process
-
-
-@HOOKS.register_module()
-class SignalAtIterationHook(Hook):
-    """Sends ``signum`` to this process before iteration ``iteration``."""
-
-    def __init__(self, iteration: int, signum: int = signal.SIGUSR1):
-        self.iteration = iteration
-        self.signum = signum
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        if runner.iter == self.iteration:
-            os.kill(os.getpid(), self.signum)
 
 
 def _cfg(work_dir, loop='epoch', workers=0, persistent=False, ext=None,

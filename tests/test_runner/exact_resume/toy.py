@@ -20,6 +20,7 @@ import json
 import os
 import os.path as osp
 import random
+import signal
 import time
 
 import numpy as np
@@ -28,7 +29,8 @@ import torch.nn as nn
 from mmengine.dataset import pseudo_collate
 from mmengine.dist import get_rank
 from mmengine.model import BaseModel
-from mmengine.registry import DATASETS, FUNCTIONS, MODELS
+from mmengine.hooks import Hook
+from mmengine.registry import DATASETS, FUNCTIONS, HOOKS, MODELS
 
 
 @DATASETS.register_module()
@@ -111,3 +113,17 @@ def read_trained(log_dir: str, rank: int, with_pid: bool = False):
         for record in records:
             record.pop('pid')
     return records
+
+
+@HOOKS.register_module()
+class SignalAtIterationHook(Hook):
+    """Sends ``signum`` to this process before iteration ``iteration``, as
+    a cluster would, in the middle of a run."""
+
+    def __init__(self, iteration: int, signum: int = signal.SIGUSR1):
+        self.iteration = iteration
+        self.signum = signum
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == self.iteration:
+            os.kill(os.getpid(), self.signum)
