@@ -230,8 +230,8 @@ def run(build_cfg_fn, args, mode: str = 'train',
     from mmengine.registry import RUNNERS
 
     import mmddp_ext  # noqa: F401  (registers runner, hooks, wrappers)
-    from mmddp_ext.utils import check_config_annotations
     from mmddp_ext.launch.process_group import check_launch_environment
+    from mmddp_ext.utils import check_config_annotations
 
     setup_cache_size_limit_of_dynamo()
     cfg = build_cfg_fn(args)

@@ -32,10 +32,16 @@
 #   empty_gt_guard      empty_gt_guard_collate for train_dataloader (only
 #                       when it names no collate_fn; never val/test)
 #   empty_gt_stats      EmptyGTStatsHook: per-rank empty-GT counts in logs
+#   exact_resume        a resume, mid-epoch too, continues exactly where the
+#                       uninterrupted run would be (data position, sample
+#                       and step seeds; on by default; docs/cluster.md)
 #   finite_predictions  FinitePredictionsHook: NaN/inf predictions are scored
 #                       as misses in val/test, with a warning (on by default)
 #   nonfinite_skip      NonFiniteSkipHook: a NaN/inf loss on any rank skips
 #                       that step on every rank
+#   preemption          PreemptionHook: SIGUSR1/SIGTERM checkpoint at the
+#                       same iteration on every rank, then a Slurm requeue
+#                       (on by default)
 #   rank_consistency    RankConsistencyHook: fail fast on diverging ranks
 # Set any of them to None/False in your config to switch it off.
 _mmddp_ext_module = __import__('mmddp_ext')
@@ -49,8 +55,10 @@ mmddp_ext_cfg = dict(
     # that are not DDP-safe.
     empty_gt_guard=dict(policy='keep'),
     empty_gt_stats=True,
+    exact_resume=True,
     finite_predictions=True,
     nonfinite_skip=dict(),
+    preemption=dict(),
     rank_consistency=dict(),
 )
 

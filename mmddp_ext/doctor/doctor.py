@@ -11,10 +11,10 @@ from typing import Any, Dict, List, Optional
 import torch.nn as nn
 
 from ..launch.rank_launcher import (RANK_DEVICE_ENV, MultiRankError,
-                                   run_on_ranks)
+                                    run_on_ranks)
+from .ddp_safe_types import ddp_safe_types
 from .dynamic_checks import (FixContext, context, dynamic_checks, error_types,
                              gradient_check)
-from .ddp_safe_types import ddp_safe_types
 from .launch_setup import (collective_timeout_s, import_custom_modules,
                            launch_setup)
 from .probe import SETUP_ERROR_FILE, probe_rank

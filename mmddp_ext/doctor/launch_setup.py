@@ -2,8 +2,8 @@
 own resolver (:mod:`mmddp_ext.runner.ddp_setup`)."""
 import datetime
 
-from ..runner.ddp_setup import DDPSetup, resolve_ddp_setup
 from ..launch.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
+from ..runner.ddp_setup import DDPSetup, resolve_ddp_setup
 
 
 def import_custom_modules(cfg) -> None:

@@ -31,48 +31,58 @@ def check_versions() -> Check:
     try:
         import mmcv.ops  # noqa: F401
     except ImportError as error:
-        return Check(PHASE, 'package versions', WARN,
-                     f'{text}; mmcv.ops does not import ({error}): '
-                     'deformable attention and RoI ops are missing',
-                     details=versions)
+        return Check(
+            PHASE,
+            'package versions',
+            WARN, f'{text}; mmcv.ops does not import ({error}): '
+            'deformable attention and RoI ops are missing',
+            details=versions)
     return Check(PHASE, 'package versions', OK, text, details=versions)
 
 
 def check_backend(cfg, nproc: int, setup: DDPSetup) -> Check:
     gpus = visible_gpu_count()
-    requested = ((cfg.get('env_cfg') or {}).get('dist_cfg') or
-                 {}).get('backend', 'nccl')
+    requested = ((cfg.get('env_cfg') or {}).get('dist_cfg')
+                 or {}).get('backend', 'nccl')
     if gpus >= nproc:
         return Check(PHASE, 'backend', OK,
                      f'{requested} on {nproc} of {gpus} GPU(s)')
     if setup.opted_in:
-        return Check(PHASE, 'backend', OK,
-                     f'here: gloo ({gpus} GPU(s) for {nproc} ranks; '
-                     f'ExtRunner falls back); on {nproc} GPUs: {requested}')
+        return Check(
+            PHASE, 'backend', OK,
+            f'here: gloo ({gpus} GPU(s) for {nproc} ranks; '
+            f'ExtRunner falls back); on {nproc} GPUs: {requested}')
     return Check(
-        PHASE, 'backend', WARN,
-        f'{gpus} GPU(s) here for {nproc} ranks: stock Runner calls '
+        PHASE,
+        'backend',
+        WARN, f'{gpus} GPU(s) here for {nproc} ranks: stock Runner calls '
         'torch.cuda.set_device and cannot launch without a GPU per rank',
         on_gpus=f'{requested} with one GPU per rank: fine.',
         fix=["runner_type = 'ExtRunner'  # gloo on CPU, for trying it here"])
 
 
 def check_launcher_env() -> Check:
-    present = {k: os.environ[k] for k in TORCHRUN_VARS + OTHER_LAUNCHER_VARS
-               if k in os.environ}
+    present = {
+        k: os.environ[k]
+        for k in TORCHRUN_VARS + OTHER_LAUNCHER_VARS if k in os.environ
+    }
     if not present:
         return Check(PHASE, 'launcher variables', OK,
                      'no launcher variables in this environment')
     listed = ', '.join(f'{k}={v}' for k, v in present.items())
     if 'LOCAL_RANK' in present and 'WORLD_SIZE' not in present:
         return Check(
-            PHASE, 'launcher variables', BLOCKER,
-            f'{listed}: LOCAL_RANK without the rest of torchrun\'s '
-            'environment', on_gpus='the launch is refused (or every '
-            'process claims the same GPU).', fix=['unset LOCAL_RANK'])
+            PHASE,
+            'launcher variables',
+            BLOCKER, f'{listed}: LOCAL_RANK without the rest of torchrun\'s '
+            'environment',
+            on_gpus='the launch is refused (or every '
+            'process claims the same GPU).',
+            fix=['unset LOCAL_RANK'])
     return Check(
-        PHASE, 'launcher variables', WARN,
-        f'{listed} set in this shell: a launch from here inherits them '
+        PHASE,
+        'launcher variables',
+        WARN, f'{listed} set in this shell: a launch from here inherits them '
         '(launcher=\'none\' would be refused, a second torchrun nests)',
         fix=['unset ' + ' '.join(present)])
 
@@ -83,15 +93,16 @@ def check_cluster_launch(setup: DDPSetup) -> Check:
     name = 'cluster launch'
     if not setup.opted_in or setup.ext_cfg.get('preemption') is None:
         return Check(
-            PHASE, name, WARN,
-            'no PreemptionHook: a preempted, requeued or timed-out job '
+            PHASE,
+            name,
+            WARN, 'no PreemptionHook: a preempted, requeued or timed-out job '
             'loses everything since its last checkpoint and, resumed, '
             'trains part of an epoch again',
             on_gpus='on a cluster, each preemption costs up to a '
             'checkpoint interval of training.',
-            fix=(["runner_type = 'ExtRunner'"] if not setup.opted_in else
-                 []) + ['mmddp_ext_cfg = dict(preemption=dict(), '
-                        'exact_resume=True)'])
+            fix=(["runner_type = 'ExtRunner'"] if not setup.opted_in else []) +
+            ['mmddp_ext_cfg = dict(preemption=dict(), '
+             'exact_resume=True)'])
     job = os.environ.get('SLURM_JOB_ID')
     if not job:
         return Check(
@@ -99,20 +110,25 @@ def check_cluster_launch(setup: DDPSetup) -> Check:
             'not inside a Slurm job (under srun, --launcher slurm takes '
             "the rendezvous from the job's variables, its port from the "
             'job id)')
-    nodes = (os.environ.get('SLURM_STEP_NODELIST')
-             or os.environ.get('SLURM_JOB_NODELIST', ''))
+    nodes = (
+        os.environ.get('SLURM_STEP_NODELIST')
+        or os.environ.get('SLURM_JOB_NODELIST', ''))
     try:
         master = os.environ.get('MASTER_ADDR') or expand_hostlist(nodes)[0]
     except (ValueError, IndexError):
         return Check(
-            PHASE, name, BLOCKER,
+            PHASE,
+            name,
+            BLOCKER,
             f'Slurm job {job}: its node list {nodes!r} cannot be read, so '
             'no rank can find rank 0',
             on_gpus='every rank fails at the rendezvous.',
             fix=['export MASTER_ADDR=<the first node of the job>'])
     if os.environ.get('MASTER_PORT'):
         return Check(
-            PHASE, name, WARN,
+            PHASE,
+            name,
+            WARN,
             f"Slurm job {job}: MASTER_PORT={os.environ['MASTER_PORT']} is "
             'set, so every job started from this environment uses that '
             'port: two of them on one node collide',

@@ -9,6 +9,6 @@ from .safe_checkpoint_hook import SafeCheckpointHook
 
 __all__ = [
     'CheckpointConflictHook', 'EmptyGTStatsHook', 'FinitePredictionsHook',
-    'NonFiniteSkipHook', 'PreemptionHook', 'RankConsistencyHook', 'RankStatusHook',
-    'SafeCheckpointHook'
+    'NonFiniteSkipHook', 'PreemptionHook', 'RankConsistencyHook',
+    'RankStatusHook', 'SafeCheckpointHook'
 ]

@@ -5,8 +5,8 @@ from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 from torch.nn.parallel import DistributedDataParallel
 
-from ..utils import activation_checkpoint as act_cp
 from ..launch.side_channel import SideChannel
+from ..utils import activation_checkpoint as act_cp
 from ..utils.text import shorten
 from ..wrappers.auto_ddp import AutoDDP
 

@@ -11,8 +11,8 @@ from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
 from mmengine.registry import HOOKS
 
-from ..optim.ext_amp_optim_wrapper import back_off_loss_scale
 from ..launch.side_channel import SideChannel
+from ..optim.ext_amp_optim_wrapper import back_off_loss_scale
 from ..utils.text import ranks_text
 from ..utils.torch_private import flatten, unflatten
 from .loss_tap import add_loss_listener, remove_loss_listener

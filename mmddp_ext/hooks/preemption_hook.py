@@ -25,8 +25,8 @@ def _signal_number(name: Union[str, int], key: str) -> int:
     if isinstance(name, int):
         return int(signal.Signals(name))
     try:
-        return int(signal.Signals[name if name.startswith('SIG') else
-                                  f'SIG{name}'])
+        return int(
+            signal.Signals[name if name.startswith('SIG') else f'SIG{name}'])
     except KeyError:
         raise ValueError(
             f'PreemptionHook {key}: {name!r} is not a signal name; use names '
@@ -57,6 +57,14 @@ class PreemptionHook(Hook):
     batch script and ``ExtRunner`` resumes it from that checkpoint by
     itself. Otherwise every rank logs how to resume. The run ends with
     code 128 + the signal's number.
+
+    The agreement is a collective: ranks whose DDP has already diverged
+    (one waiting in a backward its peers never run, which
+    ``RankConsistencyHook`` reports first) wait at it until the collective
+    timeout, whose error names each rank's phase, where plain DDP would
+    raise one iteration later. A collective is what keeps the stop exact
+    when ranks drift apart, as they may by several iterations under
+    gradient accumulation.
 
     A second signal during the save only repeats the request; the file is
     renamed into place only once whole, so a ``SIGKILL`` during the save
@@ -213,8 +221,8 @@ class PreemptionHook(Hook):
 
     # ------------------------------------------------------------- requeue
     def _can_requeue(self) -> bool:
-        return bool(os.environ.get('SLURM_JOB_ID')
-                    and shutil.which('scontrol'))
+        return bool(
+            os.environ.get('SLURM_JOB_ID') and shutil.which('scontrol'))
 
     def _requeue(self, runner) -> bool:
         """``scontrol requeue`` the job on rank 0, after the checkpoint is
@@ -241,10 +249,7 @@ def _scontrol_requeue(job_id: str) -> bool:
     command = ['scontrol', 'requeue', job_id]
     try:
         result = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=REQUEUE_TIMEOUT_S)
+            command, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as error:
         print_log(
             f'PreemptionHook: {" ".join(command)} failed ({error}).',

@@ -199,8 +199,8 @@ def slurm_rendezvous(env: Optional[Mapping[str, str]] = None,
         result['MASTER_PORT'] = str(port)
     else:
         result['MASTER_PORT'] = env.get('MASTER_PORT') or str(
-            slurm_port(_required(env, 'SLURM_JOB_ID'),
-                       env.get('SLURM_STEP_ID', '0')))
+            slurm_port(
+                _required(env, 'SLURM_JOB_ID'), env.get('SLURM_STEP_ID', '0')))
     local_size = _local_world_size(env, hosts)
     if local_size is not None:
         result['LOCAL_WORLD_SIZE'] = str(local_size)
@@ -211,8 +211,9 @@ def _local_world_size(env: Mapping[str, str],
                       hosts: List[str]) -> Optional[int]:
     """Tasks of this step on this node, from the step's tasks per node and
     this node's place in its node list; None where Slurm does not say."""
-    per_node = (env.get('SLURM_STEP_TASKS_PER_NODE')
-                or env.get('SLURM_TASKS_PER_NODE'))
+    per_node = (
+        env.get('SLURM_STEP_TASKS_PER_NODE')
+        or env.get('SLURM_TASKS_PER_NODE'))
     node = env.get('SLURMD_NODENAME')
     if not per_node or node not in hosts:
         return None

@@ -82,7 +82,9 @@ class PeerWatchdog:
             target = self._watch_rank0
             args = (conn, )
         self._thread = threading.Thread(
-            target=target, args=args, name='mmddp_ext-peer-watchdog',
+            target=target,
+            args=args,
+            name='mmddp_ext-peer-watchdog',
             daemon=True)
         self._thread.start()
         atexit.register(self._close)

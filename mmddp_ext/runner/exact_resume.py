@@ -80,8 +80,8 @@ def resumable_loader_cfg(loader: Any) -> Any:
     if not isinstance(loader, dict):
         return loader
     inner = loader.get('batch_sampler')
-    if isinstance(inner, dict) and inner.get('type') in (
-            'ResumableBatchSampler', ):
+    if isinstance(inner,
+                  dict) and inner.get('type') in ('ResumableBatchSampler', ):
         return loader
     loader = dict(loader)
     loader['batch_sampler'] = dict(

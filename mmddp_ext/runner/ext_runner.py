@@ -3,7 +3,6 @@ import inspect
 import logging
 import os
 import os.path as osp
-import sys
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch.distributed as dist
@@ -20,10 +19,10 @@ from mmengine.runner import Runner
 from ..hooks.preemption_hook import Preempted
 from ..hooks.rank_status_hook import read_rank_status
 from ..launch.peer_watchdog import announce_planned_exit
+from ..launch.process_group import (check_launch_environment, init_distributed,
+                                    rank_device)
 from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
-from ..launch.process_group import (check_launch_environment, init_distributed,
-                              rank_device)
 from ..utils.run_record import read_record, write_record
 from ..utils.text import log_on_every_rank
 from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
@@ -103,8 +102,7 @@ class ExtRunner(Runner):
             collate = train_collate_cfg(loader, self.ext_cfg)
             if collate is not loader.get('collate_fn'):
                 self._train_dataloader = dict(loader, collate_fn=collate)
-        if self.ext_cfg['exact_resume'] and isinstance(
-                self._train_loop, dict):
+        if self.ext_cfg['exact_resume'] and isinstance(self._train_loop, dict):
             self._train_loop = resumable_loop_cfg(self._train_loop)
             self._train_dataloader = resumable_loader_cfg(
                 self._train_dataloader)
@@ -256,8 +254,9 @@ class ExtRunner(Runner):
             meta = position_meta(self.train_loop, meta, meta['epoch'],
                                  meta['iter'])
         arguments['meta'] = meta
-        local = (osp.isdir(out_dir) and arguments['file_client_args'] is None
-                 and arguments['backend_args'] is None)
+        local = (
+            osp.isdir(out_dir) and arguments['file_client_args'] is None
+            and arguments['backend_args'] is None)
         if local:
             arguments['filename'] = f'.{filename}.partial'
         super().save_checkpoint(*given.args[1:], **given.kwargs)
@@ -320,7 +319,7 @@ class ExtRunner(Runner):
         check_resume(self._resume)
         start, need = self._agree_on_start()
         log_on_every_rank(f'ExtRunner (rank {self.rank}/{self.world_size})'
-                           f'{_restart_text()}: {start.describe()}.')
+                          f'{_restart_text()}: {start.describe()}.')
         # What the runner loads, for hooks that read them (EMAHook swaps
         # its weights in after_load_checkpoint only for a resume).
         self._resume = start.action == 'resume'
@@ -400,8 +399,8 @@ class ExtRunner(Runner):
             raise
         except RuntimeError as error:
             text = str(error).lower()
-            if not (self.distributed and dist.is_initialized() and any(
-                    word in text for word in _TIMEOUT_WORDS)):
+            if not (self.distributed and dist.is_initialized()
+                    and any(word in text for word in _TIMEOUT_WORDS)):
                 raise
             status = read_rank_status(self.world_size)
             lines = '; '.join(f'rank {r}: {s}' for r, s in status.items())
@@ -413,7 +412,6 @@ class ExtRunner(Runner):
                 '(different loss keys, a skipped branch, an extra '
                 'collective); see that rank\'s log. The timeout is '
                 'env_cfg.dist_cfg.timeout (seconds).') from error
-
 
     def val(self) -> dict:
         metrics = super().val()

@@ -5,8 +5,8 @@ The rank launcher itself lives in :mod:`mmddp_ext.launch.rank_launcher`
 (the DDP doctor runs its probe with it); it is re-exported here for the
 tests' convenience."""
 from ..launch.rank_launcher import (MultiRankError, free_port,
-                                   kill_process_tree, process_tree,
-                                   run_command, run_on_ranks)
+                                    kill_process_tree, process_tree,
+                                    run_command, run_on_ranks)
 from .meta_weights import weights_on_meta
 from .model_index import model_index_read_once
 from .rank_device import like_a_rank, on_rank_device, rank_test_device

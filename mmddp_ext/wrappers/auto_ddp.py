@@ -9,8 +9,8 @@ from mmengine.model import MMDistributedDataParallel
 from mmengine.optim import OptimWrapper
 from mmengine.registry import MODEL_WRAPPERS
 
-from ..utils.ddp_averaging import average_gradients, broadcast_from_rank0
 from ..launch.side_channel import SideChannel
+from ..utils.ddp_averaging import average_gradients, broadcast_from_rank0
 from ..utils.text import group_param_names, ranks_text
 from ..utils.torch_private import (ignore_in_ddp, queue_end_of_backward,
                                    reducer_params)

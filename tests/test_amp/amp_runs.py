@@ -120,6 +120,15 @@ def amp_config(family: str, data_root: str, work_dir: str):
     cfg.model_wrapper_cfg = dict(
         type='MMDistributedDataParallel', find_unused_parameters=False)
     cfg.randomness = dict(seed=0)
+    # The batches these runs were measured on (the first-batch agreement's
+    # TOTAL_TOLERANCE and its seen deviations) are the ones MMEngine's
+    # worker seeding gives; exact resume's per-sample seeds draw other
+    # augmentations, on which the GT-less rank's near-zero first-batch total
+    # deviated 7 % (D-FINE, 7.3e-4) and 6 % (DEIM, 7.6e-3) in float16,
+    # every denoising term within its rounding bound. Resuming is not what
+    # these runs test.
+    cfg.mmddp_ext_cfg = dict(cfg.get('mmddp_ext_cfg') or {},
+                             exact_resume=False)
     cfg.work_dir = work_dir
     cfg.launcher = 'pytorch'
     return cfg

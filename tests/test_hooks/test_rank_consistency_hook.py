@@ -213,9 +213,11 @@ def test_same_model_on_plain_mmengine_fails_later_and_unrelated(
     overrides = dino_overrides(
         'DINOHeadExtraKeyOnRank1',
         model_wrapper_cfg=STOCK_DDP,
-        # Plain MMEngine: none of the stack's hooks.
+        # Plain MMEngine: none of the stack's hooks (PreemptionHook's
+        # per-iteration agreement is a collective between the steps too).
         **{'mmddp_ext_cfg.empty_gt_stats': False,
-           'mmddp_ext_cfg.checkpoint_conflict': None})
+           'mmddp_ext_cfg.checkpoint_conflict': None,
+           'mmddp_ext_cfg.preemption': None})
     with pytest.raises(MultiRankError) as info:
         run_on_ranks(
             train_dino,

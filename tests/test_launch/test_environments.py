@@ -31,8 +31,8 @@ def test_host_lists_expand_as_scontrol_prints_them(text, hosts):
     assert expand_hostlist(text) == hosts
 
 
-@pytest.mark.parametrize('text', ['gpu[01-03', 'gpu01]', 'gpu[3-1]',
-                                  'gpu[a-b]'])
+@pytest.mark.parametrize('text',
+                         ['gpu[01-03', 'gpu01]', 'gpu[3-1]', 'gpu[a-b]'])
 def test_malformed_host_lists_are_refused(text):
     with pytest.raises(ValueError, match='host'):
         expand_hostlist(text)

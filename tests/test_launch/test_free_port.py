@@ -2,8 +2,8 @@
 them between the draw and the launcher's own bind."""
 import socket
 
-from mmddp_ext.testing import free_port
 from mmddp_ext.launch.rank_launcher import ephemeral_port_range
+from mmddp_ext.testing import free_port
 
 
 def test_ports_are_bindable_and_outside_the_ephemeral_range():

@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from mmddp_ext.testing import free_port, kill_process_tree
 from mmddp_ext.launch import process_group as dist_env
+from mmddp_ext.testing import free_port, kill_process_tree
 from ..helpers import REPO_ROOT
 
 SCRIPT = osp.join(osp.dirname(osp.abspath(__file__)), 'gloo_exit_rank.py')

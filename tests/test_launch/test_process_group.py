@@ -2,8 +2,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mmddp_ext.testing import run_on_ranks
 from mmddp_ext.launch import process_group as dist_env
+from mmddp_ext.testing import run_on_ranks
 
 
 @pytest.mark.parametrize('gpus, ranks, requested, expected, why', [

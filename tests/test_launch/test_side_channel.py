@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from mmddp_ext.testing import MultiRankError, run_on_ranks
 from mmddp_ext.launch.side_channel import VANISHED_ENV
+from mmddp_ext.testing import MultiRankError, run_on_ranks
 
 NO_SUCH_INTERFACE = 'mmddp_no_if0'
 # Long enough that a survivor stopping before it was not stopped by the

@@ -1,5 +1,6 @@
-"""Run under torchrun: a worker that spawns its own 'rank' process, which
-then tries to join the process group (two layers of process management)."""
+"""Run under torchrun or as an srun task: a worker that spawns its own
+'rank' process, which then tries to join the process group (two layers of
+process management)."""
 import multiprocessing as mp
 import os
 import sys

@@ -114,7 +114,8 @@ def test_hooks_of_ext_cfg_are_what_the_runner_registers(tmp_path):
         ('CheckpointConflictHook', dict(policy='disable')),
         ('EmptyGTStatsHook', {}), ('FinitePredictionsHook', {}),
         ('RankConsistencyHook', dict(check_every=7)),
-        ('NonFiniteSkipHook', dict(max_consecutive_skips=2))
+        ('NonFiniteSkipHook', dict(max_consecutive_skips=2)),
+        ('PreemptionHook', {})  # on unless preemption=None
     ]
     assert ext_hooks(None) == []
     listed = [dict(type='CheckpointConflictHook', policy='error')]

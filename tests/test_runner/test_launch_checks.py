@@ -5,9 +5,8 @@ import sys
 import pytest
 from mmengine.logging import MMLogger
 
-from mmddp_ext.testing import free_port, run_command
 from mmddp_ext.launch.process_group import check_launch_environment
-
+from mmddp_ext.testing import free_port, run_command
 from ..helpers import REPO_ROOT, TINY_CONFIG
 
 SPAWNS_INSIDE_TORCHRUN = osp.join(osp.dirname(__file__),

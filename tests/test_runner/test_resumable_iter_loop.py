@@ -2,13 +2,13 @@
 next epoch without MMEngine's 2 s pause; the sampler's epoch still
 advances. Stock ``Runner`` (the control) pauses at every epoch end."""
 import mmengine.runner.loops as loops
-
-import mmddp_ext.runner.resumable_iter_loop as resumable_iter_loop
 import pytest
 import torch
 import torch.nn as nn
 from mmengine.dataset import DefaultSampler
 from mmengine.model import BaseModel
+
+import mmddp_ext.runner.resumable_iter_loop as resumable_iter_loop
 
 
 class _Linear(BaseModel):

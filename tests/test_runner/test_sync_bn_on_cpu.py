@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 from mmengine.model import BaseModel
 
-from mmddp_ext.testing import run_on_ranks
 from mmddp_ext.launch.rank_launcher import RANK_DEVICE_ENV
+from mmddp_ext.testing import run_on_ranks
 
 
 class BatchNormModel(BaseModel):

@@ -514,3 +514,36 @@ def test_split_invariant_forward():
     assert all(m.training for m in model)
     assert not torch.rand(64).eq(0.5).all()
     assert not torch.empty(64).bernoulli_(0.5).eq(1).all()
+
+
+def test_cluster_launch_check(monkeypatch):
+    """No PreemptionHook warns (stock runner, or preemption=None); inside
+    a Slurm job the check names the rendezvous a --launcher slurm launch
+    takes (first node, the job's port), warns about a MASTER_PORT that
+    every job would share, and blocks on a node list nobody can read."""
+    from mmddp_ext.doctor import launch_setup
+    from mmddp_ext.doctor.static_env import check_cluster_launch
+    from mmddp_ext.launch.environments import slurm_port
+    for name in ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_JOB_NODELIST',
+                 'SLURM_STEP_ID', 'MASTER_ADDR', 'MASTER_PORT'):
+        monkeypatch.delenv(name, raising=False)
+    stock = check_cluster_launch(launch_setup(_cfg(STOCK_MODEL)))
+    assert stock.verdict == 'warn' and 'no PreemptionHook' in stock.summary
+    off = _cfg(OPT_IN)
+    off.mmddp_ext_cfg = dict(off.get('mmddp_ext_cfg') or {}, preemption=None)
+    assert check_cluster_launch(launch_setup(off)).verdict == 'warn'
+    setup = launch_setup(_cfg(OPT_IN))
+    assert check_cluster_launch(setup).verdict == 'ok'
+    monkeypatch.setenv('SLURM_JOB_ID', '777')
+    monkeypatch.setenv('SLURM_JOB_NODELIST', 'gpu[03-04]')
+    inside = check_cluster_launch(setup)
+    assert inside.verdict == 'ok'
+    assert f'gpu03:{slurm_port("777")}' in inside.summary
+    monkeypatch.setenv('MASTER_PORT', '29500')
+    shared = check_cluster_launch(setup)
+    assert shared.verdict == 'warn' and shared.fix == [
+        'unset MASTER_PORT  # the port then follows the job id'
+    ]
+    monkeypatch.delenv('MASTER_PORT')
+    monkeypatch.setenv('SLURM_JOB_NODELIST', 'gpu[03-')
+    assert check_cluster_launch(setup).verdict == 'blocker'

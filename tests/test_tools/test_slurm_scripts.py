@@ -220,7 +220,7 @@ def test_cluster_helpers_submit_signal_and_cancel(slurm_cluster, tmp_path):
     checkpoint-on-signal runner relies on)."""
     out = tmp_path / 'job.out'
     script = write_executable(
-        tmp_path / 'job.sh', f"""#!/bin/bash
+        tmp_path / 'job.sh', """#!/bin/bash
 trap 'echo batch got USR1' USR1
 srun bash -c 'trap "echo task $SLURM_PROCID got USR1; exit 0" USR1
     echo ready; while :; do sleep 0.1; done'

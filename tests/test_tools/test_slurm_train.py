@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from mmddp_ext.testing import kill_process_tree
-
 from ..helpers import REPO_ROOT, train_on_ranks
 from ..test_runner.exact_resume.toy import read_trained
 
@@ -50,13 +49,19 @@ def _finish(proc, timeout=RUN_TIMEOUT_S):
 
 
 def _slurm_train(cluster, work_dir, options):
-    return subprocess.Popen(
-        ['bash', osp.join(REPO_ROOT, 'tools', 'slurm_train.sh'),
-         cluster.partition, 'toy', CONFIG, str(work_dir), '--cfg-options',
-         *options],
-        cwd=REPO_ROOT, env=cluster.env(dict(CPU_TASKS, PYTHON=sys.executable)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+    return subprocess.Popen([
+        'bash',
+        osp.join(REPO_ROOT, 'tools', 'slurm_train.sh'), cluster.partition,
+        'toy', CONFIG,
+        str(work_dir), '--cfg-options', *options
+    ],
+                            cwd=REPO_ROOT,
+                            env=cluster.env(
+                                dict(CPU_TASKS, PYTHON=sys.executable)),
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            text=True,
+                            start_new_session=True)
 
 
 def _lines(work_dir, rank=0):
@@ -76,7 +81,8 @@ def _wait_for_lines(work_dir, count, timeout=RUN_TIMEOUT_S, rank=0):
 
 def _final(work_dir):
     checkpoint = torch.load(
-        osp.join(work_dir, f'epoch_{ITERS // 3}.pth'), map_location='cpu',
+        osp.join(work_dir, f'epoch_{ITERS // 3}.pth'),
+        map_location='cpu',
         weights_only=True)
     return checkpoint['state_dict'], checkpoint['ema_state_dict']
 
@@ -88,9 +94,10 @@ def _same_run(work_dir, reference) -> bool:
         return False
     weights, ema = _final(work_dir)
     expected_weights, expected_ema = _final(reference)
-    return all(torch.equal(weights[k], expected_weights[k])
-               for k in expected_weights) and all(
-                   torch.equal(ema[k], expected_ema[k]) for k in expected_ema)
+    return all(
+        torch.equal(weights[k], expected_weights[k])
+        for k in expected_weights) and all(
+            torch.equal(ema[k], expected_ema[k]) for k in expected_ema)
 
 
 def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
@@ -98,9 +105,7 @@ def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
     MASTER_PORT anywhere: each job's rendezvous has its own port."""
     assert 'MASTER_PORT' not in os.environ
     dirs = [tmp_path / 'a', tmp_path / 'b']
-    procs = [
-        _slurm_train(slurm_cluster, d, _options(d)) for d in dirs
-    ]
+    procs = [_slurm_train(slurm_cluster, d, _options(d)) for d in dirs]
     outs = [_finish(p) for p in procs]
     ports = set()
     for (code, out), work_dir in zip(outs, dirs):
@@ -118,8 +123,8 @@ def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
     work_dir = str(tmp_path_factory.mktemp('uninterrupted'))
-    result = train_on_ranks(CONFIG, 2, work_dir, _options(work_dir),
-                            timeout=RUN_TIMEOUT_S)
+    result = train_on_ranks(
+        CONFIG, 2, work_dir, _options(work_dir), timeout=RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-6000:]
     return work_dir
 
@@ -127,7 +132,10 @@ def uninterrupted(tmp_path_factory):
 def _submit(cluster, work_dir, exact):
     out = osp.join(work_dir + '_job.out')
     job = cluster.sbatch(
-        BATCH_SCRIPT, CONFIG, work_dir, '--cfg-options',
+        BATCH_SCRIPT,
+        CONFIG,
+        work_dir,
+        '--cfg-options',
         *_options(work_dir, delay=0.4, exact=exact),
         options=[
             '--ntasks=2', '--ntasks-per-node=2', '--cpus-per-task=1',
@@ -179,17 +187,22 @@ def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path, watchdog):
     collective too, but nothing names the rank that died (NCCL would wait
     for the collective timeout)."""
     work_dir = str(tmp_path / 'run')
-    proc = subprocess.Popen(
-        ['srun', '-p', slurm_cluster.partition, '--ntasks=2',
-         '--overcommit', sys.executable, '-u', 'tools/train.py', CONFIG,
-         '--launcher', 'slurm', '--work-dir', work_dir, '--cfg-options',
-         *_options(work_dir, delay=0.5)],
-        cwd=REPO_ROOT,
-        env=slurm_cluster.env(
-            dict(PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS='1',
-                 MMDDP_EXT_PEER_WATCHDOG=watchdog)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True)
+    proc = subprocess.Popen([
+        'srun', '-p', slurm_cluster.partition, '--ntasks=2', '--overcommit',
+        sys.executable, '-u', 'tools/train.py', CONFIG, '--launcher', 'slurm',
+        '--work-dir', work_dir, '--cfg-options',
+        *_options(work_dir, delay=0.5)
+    ],
+                            cwd=REPO_ROOT,
+                            env=slurm_cluster.env(
+                                dict(
+                                    PYTHONPATH=REPO_ROOT,
+                                    OMP_NUM_THREADS='1',
+                                    MMDDP_EXT_PEER_WATCHDOG=watchdog)),
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            text=True,
+                            start_new_session=True)
     _wait_for_lines(work_dir, 2, rank=1)
     victim = read_trained(work_dir, 1, with_pid=True)[0]['pid']
     os.kill(victim, signal.SIGKILL)
@@ -200,3 +213,15 @@ def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path, watchdog):
     named = re.search(rf'rank 1 \(host \S+, pid {victim}\) stopped', out)
     assert bool(named) == (watchdog == '1'), out[-6000:]
     assert ('Rank 0 on' in out and 'stops now' in out) == bool(named)
+
+
+def test_spawning_ranks_inside_an_srun_task_is_refused(slurm_cluster):
+    """The launcher check that refuses mp.spawn inside torchrun covers a
+    task of a Slurm step too."""
+    result = slurm_cluster.run(
+        'srun', '-p', slurm_cluster.partition, '--ntasks=1', sys.executable,
+        osp.join(REPO_ROOT, 'tests', 'test_runner', 'spawn_inside_torchrun.py'),
+        timeout=120, cwd=REPO_ROOT)
+    assert 'CHILD REFUSED: Two layers of process management' in \
+        result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    assert 'a rank that srun already launched' in result.stdout

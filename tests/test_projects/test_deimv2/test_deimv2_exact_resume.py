@@ -17,7 +17,6 @@ import torch
 from mmengine.config import Config
 
 from mmddp_ext.testing import make_synthetic_coco
-
 from ...test_runner.exact_resume.toy import \
     SignalAtIterationHook  # noqa: F401 (registers the hook)
 from .deimv2_utils import PROJECT
@@ -73,10 +72,13 @@ def _final(work_dir):
 def _differs(work_dir, reference) -> list:
     weights, ema = _final(work_dir)
     expected_weights, expected_ema = _final(reference)
-    return [k for k in expected_weights
-            if not torch.equal(weights[k], expected_weights[k])] + [
-                f'ema {k}' for k in expected_ema
-                if not torch.equal(ema[k], expected_ema[k])]
+    return [
+        k for k in expected_weights
+        if not torch.equal(weights[k], expected_weights[k])
+    ] + [
+        f'ema {k}'
+        for k in expected_ema if not torch.equal(ema[k], expected_ema[k])
+    ]
 
 
 def test_resumed_deimv2_recipe_equals_uninterrupted(data, tmp_path):

@@ -23,14 +23,20 @@ import torch
 from mmengine.config import Config
 
 from .toy import SignalAtIterationHook  # noqa: F401 (registers it)
+from .toy import SignalDuringSaveHook  # noqa: F401 (registers it)
 from .toy import read_trained
 
 CONFIG = osp.join(osp.dirname(__file__), 'toy_config.py')
 ITERS_PER_EPOCH = 6  # 12 samples, batch 2, one process
 
 
-def _cfg(work_dir, loop='epoch', workers=0, persistent=False, ext=None,
-         extra_hooks=(), seed=2026):
+def _cfg(work_dir,
+         loop='epoch',
+         workers=0,
+         persistent=False,
+         ext=None,
+         extra_hooks=(),
+         seed=2026):
     cfg = Config.fromfile(CONFIG)
     cfg.randomness = dict(seed=seed)
     cfg.work_dir = str(work_dir)
@@ -57,8 +63,10 @@ def _train(cfg):
 
 def _final_state(runner):
     ema = [h for h in runner.hooks if type(h).__name__ == 'EMAHook'][0]
-    model = {k: v.detach().clone() for k, v in runner.model.state_dict()
-             .items()}
+    model = {
+        k: v.detach().clone()
+        for k, v in runner.model.state_dict().items()
+    }
     averaged = {
         k: v.detach().clone()
         for k, v in ema.ema_model.state_dict().items()
@@ -70,9 +78,13 @@ def _final_state(runner):
 def _stopped_and_resumed(tmp_path, stop, **kwargs):
     work_dir = tmp_path / 'stopped'
     with pytest.raises(SystemExit) as stopped:
-        _train(_cfg(work_dir, extra_hooks=[
-            dict(type='SignalAtIterationHook', iteration=stop)
-        ], **kwargs))
+        _train(
+            _cfg(
+                work_dir,
+                extra_hooks=[
+                    dict(type='SignalAtIterationHook', iteration=stop)
+                ],
+                **kwargs))
     assert stopped.value.code == 128 + signal.SIGUSR1
     with open(work_dir / 'last_checkpoint') as f:
         assert f.read().strip().endswith(f'iter_{stop + 1}.pth')
@@ -92,21 +104,21 @@ def _assert_same(uninterrupted, resumed):
         assert torch.equal(ema[key], ema_r[key]), f'EMA {key}'
 
 
-@pytest.mark.parametrize('loop, workers, persistent, stop, seed', [
-    ('epoch', 0, False, 8, 2026),
-    ('epoch', 2, False, 8, 2026),
-    ('epoch', 2, True, 5, None),  # the epoch's last iteration; no seed
-    ('iter', 0, False, 7, 2026),
-    ('iter', 2, True, 9, None),
-])
-def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, loop,
-                                                      workers, persistent,
-                                                      stop, seed):
+@pytest.mark.parametrize(
+    'loop, workers, persistent, stop, seed',
+    [
+        ('epoch', 0, False, 8, 2026),
+        ('epoch', 2, False, 8, 2026),
+        ('epoch', 2, True, 5, None),  # the epoch's last iteration; no seed
+        ('iter', 0, False, 7, 2026),
+        ('iter', 2, True, 9, None),
+    ])
+def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, loop, workers,
+                                                      persistent, stop, seed):
     """Without a seed in the config each run draws one; the resumed run
     takes the checkpoint's (MMEngine), and the uninterrupted run to match
     is the one with that seed."""
-    kwargs = dict(loop=loop, workers=workers, persistent=persistent,
-                  seed=seed)
+    kwargs = dict(loop=loop, workers=workers, persistent=persistent, seed=seed)
     resumed, work_dir = _stopped_and_resumed(tmp_path, stop, **kwargs)
     kwargs['seed'] = resumed.seed
     whole = _train(_cfg(tmp_path / 'whole', **kwargs))
@@ -118,8 +130,10 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, loop,
     _assert_same(whole, resumed)
     if loop == 'epoch':
         for epoch in range(3):
-            indices = sum((r['indices'] for r in trained[
-                epoch * ITERS_PER_EPOCH:(epoch + 1) * ITERS_PER_EPOCH]), [])
+            indices = sum(
+                (r['indices']
+                 for r in trained[epoch * ITERS_PER_EPOCH:(epoch + 1) *
+                                  ITERS_PER_EPOCH]), [])
             assert sorted(indices) == list(range(12))  # each sample once
 
 
@@ -159,19 +173,63 @@ def test_each_part_of_exact_resume_is_needed(tmp_path, monkeypatch, part):
                                 lambda runner, tag, number: None)
         kwargs = dict(workers=0)
     else:
-        monkeypatch.setattr(seeded_samples.SeededFetch, '__call__',
-                            lambda self, keys: [self.dataset[int(k)]
-                                                for k in keys])
+        monkeypatch.setattr(
+            seeded_samples.SeededFetch, '__call__',
+            lambda self, keys: [self.dataset[int(k)] for k in keys])
         kwargs = dict(workers=2)
     whole = _train(_cfg(tmp_path / 'whole', **kwargs))
     resumed, work_dir = _stopped_and_resumed(tmp_path, 8, **kwargs)
     expected = read_trained(tmp_path / 'whole', 0)
     trained = read_trained(work_dir, 0)
-    assert [r['indices'] for r in trained] == [
-        r['indices'] for r in expected
-    ]
+    assert [r['indices'] for r in trained] == [r['indices'] for r in expected]
     model, _, _, _, _ = _final_state(whole)
     model_r, _, _, _, _ = _final_state(resumed)
     assert any(not torch.equal(model[k], model_r[k]) for k in model)
     if part == 'sample_seed':
         assert [r['draws'] for r in trained] != [r['draws'] for r in expected]
+
+
+def test_a_second_signal_during_the_save_is_harmless(tmp_path):
+    """SIGTERM arrives while the checkpoint SIGUSR1 asked for is being
+    written: the request only repeats; the run stops as SIGUSR1 asked, with
+    one whole checkpoint that resumes."""
+    work_dir = tmp_path / 'run'
+    with pytest.raises(SystemExit) as stopped:
+        _train(_cfg(work_dir, extra_hooks=[
+            dict(type='SignalAtIterationHook', iteration=4),
+            dict(type='SignalDuringSaveHook', signum=signal.SIGTERM)
+        ]))
+    assert stopped.value.code == 128 + signal.SIGUSR1
+    assert sorted(p.name for p in work_dir.glob('*.pth')) == ['iter_5.pth']
+    torch.load(work_dir / 'iter_5.pth', weights_only=True)
+    cfg = _cfg(work_dir)
+    cfg.resume = 'auto'
+    assert _train(cfg).iter == 3 * ITERS_PER_EPOCH
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(
+        tmp_path, monkeypatch):
+    """A checkpoint is renamed into place only once whole: a process that
+    dies while writing leaves no file under the checkpoint's name, and
+    ``last_checkpoint`` names the previous one. The control, MMEngine's
+    ``Runner.save_checkpoint``, leaves the truncated file there."""
+    import mmengine.runner.runner as runner_module
+    from mmengine.runner import Runner
+    runner = _train(_cfg(tmp_path))
+    written = []
+
+    def dies_midway(checkpoint, path, **kwargs):
+        with open(path, 'wb') as f:
+            f.write(b'half a checkpoint')
+        written.append(path)
+        raise KeyboardInterrupt('killed while saving')
+
+    monkeypatch.setattr(runner_module, 'save_checkpoint', dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        runner.save_checkpoint(str(tmp_path), 'epoch_4.pth')
+    assert written and not osp.exists(tmp_path / 'epoch_4.pth')
+    with open(tmp_path / 'last_checkpoint') as f:
+        assert f.read().strip().endswith('epoch_3.pth')
+    with pytest.raises(KeyboardInterrupt):
+        Runner.save_checkpoint(runner, str(tmp_path), 'epoch_4.pth')
+    assert open(tmp_path / 'epoch_4.pth', 'rb').read() == b'half a checkpoint'

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from mmddp_ext.testing import free_port, kill_process_tree
-
 from ...helpers import REPO_ROOT, train_on_ranks
 from .toy import read_trained
 
@@ -38,15 +37,20 @@ def _options(work_dir, delay=0.0, exact=True):
 def _launch(work_dir, options, resume=False):
     cmd = [
         'bash',
-        osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), CONFIG, '2',
-        '--work-dir',
+        osp.join(REPO_ROOT, 'tools',
+                 'dist_train.sh'), CONFIG, '2', '--work-dir',
         str(work_dir), *(['--resume'] if resume else []), '--cfg-options',
         *options
     ]
     env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable)
     return subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True)
 
 
 def _finish(proc, timeout=RUN_TIMEOUT_S):
@@ -83,7 +87,8 @@ def _signal_mid_epoch(proc, work_dir, signum, whole_group):
 
 def _final(work_dir):
     checkpoint = torch.load(
-        osp.join(work_dir, f'epoch_{ITERS // 3}.pth'), map_location='cpu',
+        osp.join(work_dir, f'epoch_{ITERS // 3}.pth'),
+        map_location='cpu',
         weights_only=True)
     return checkpoint['state_dict'], checkpoint['ema_state_dict']
 
@@ -91,8 +96,8 @@ def _final(work_dir):
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
     work_dir = str(tmp_path_factory.mktemp('uninterrupted'))
-    result = train_on_ranks(CONFIG, 2, work_dir, _options(work_dir),
-                            timeout=RUN_TIMEOUT_S)
+    result = train_on_ranks(
+        CONFIG, 2, work_dir, _options(work_dir), timeout=RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-6000:]
     return work_dir
 
@@ -115,8 +120,10 @@ def test_signal_checkpoints_and_resume_is_exact(tmp_path, uninterrupted,
         if f'PreemptionHook: {name}: rank' in line
     ]
     assert len(stops) == 2, out[-6000:]
-    stopped_at = {line.split('after iteration ')[1].split()[0]
-                  for line in stops}
+    stopped_at = {
+        line.split('after iteration ')[1].split()[0]
+        for line in stops
+    }
     assert len(stopped_at) == 1, stops
     trained = int(stopped_at.pop())
     assert 4 <= trained < ITERS, stops
@@ -129,8 +136,9 @@ def test_signal_checkpoints_and_resume_is_exact(tmp_path, uninterrupted,
     assert code == 0, out[-6000:]
     assert f'resuming from {work_dir}/iter_{trained}.pth' in out
     for rank in range(2):
-        assert read_trained(work_dir, rank) == read_trained(
-            uninterrupted, rank), f'rank {rank}'
+        assert read_trained(work_dir,
+                            rank) == read_trained(uninterrupted,
+                                                  rank), f'rank {rank}'
     weights, ema = _final(work_dir)
     expected_weights, expected_ema = _final(uninterrupted)
     for key in expected_weights:

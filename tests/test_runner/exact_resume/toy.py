@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 from mmengine.dataset import pseudo_collate
 from mmengine.dist import get_rank
-from mmengine.model import BaseModel
 from mmengine.hooks import Hook
+from mmengine.model import BaseModel
 from mmengine.registry import DATASETS, FUNCTIONS, HOOKS, MODELS
 
 
@@ -49,12 +49,16 @@ class ExactResumeToyDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict:
         self.loads += 1
-        base = (torch.arange(self.dim, dtype=torch.float32) +
-                index) / (self.size + self.dim)
-        draws = [random.random(), float(np.random.rand()),
-                 float(torch.rand(()))]
-        return dict(inputs=base * (1 + draws[0]) + draws[1] - draws[2],
-                    data_samples=dict(index=int(index), draws=draws))
+        base = (torch.arange(self.dim, dtype=torch.float32) + index) / (
+            self.size + self.dim)
+        draws = [
+            random.random(),
+            float(np.random.rand()),
+            float(torch.rand(()))
+        ]
+        return dict(
+            inputs=base * (1 + draws[0]) + draws[1] - draws[2],
+            data_samples=dict(index=int(index), draws=draws))
 
 
 @FUNCTIONS.register_module()
@@ -126,4 +130,19 @@ class SignalAtIterationHook(Hook):
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         if runner.iter == self.iteration:
+            os.kill(os.getpid(), self.signum)
+
+
+@HOOKS.register_module()
+class SignalDuringSaveHook(Hook):
+    """Sends ``signum`` to this process while the first checkpoint is being
+    written (from ``before_save_checkpoint``, inside the save)."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        self.signum = signum
+        self.sent = False
+
+    def before_save_checkpoint(self, runner, checkpoint):
+        if not self.sent:
+            self.sent = True
             os.kill(os.getpid(), self.signum)
