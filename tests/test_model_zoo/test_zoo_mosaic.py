@@ -10,7 +10,8 @@ Mosaic, RandomAffine, MixUp and YOLOXHSVRandomAug under
 Overrides beyond sizes: one epoch of 2 iterations, so the zoo's
 YOLOXModeSwitchHook (Mosaic and MixUp off for the last 15 epochs) is left
 out and BatchSyncRandomResize draws every iteration instead of every 10;
-seed 1.
+seed 4 (the augmentation draws are exact resume's, from the seed, the
+training batch and the sample index).
 
 No mmddp_ext mechanism is what makes this case train, so the test has no
 negative control of its own: MixUp draws until it finds an image with
@@ -86,7 +87,7 @@ def test_yolox_mosaic_mixes_gt_less_images_on_two_ranks(tmp_path):
                 model=_model(),
                 custom_hooks=_custom_hooks(),
                 log_level='DEBUG',
-                randomness=dict(seed=1),
+                randomness=dict(seed=4),
                 custom_imports=dict(
                     imports=[PROBE], allow_failed_imports=False))))
     work_dir = str(tmp_path / 'work')
@@ -125,7 +126,7 @@ def test_yolox_mosaic_mixes_gt_less_images_on_two_ranks(tmp_path):
     assert any(out for calls in affines.values() for _, out, _ in calls)
     # Rank 1's sampled image, the first tile of its mosaics, never has a
     # box. Once, its GT-less image is tiled with an image that has boxes,
-    # which reach the mosaic; once (with seed 1; seed 0 draws no such
+    # which reach the mosaic; once (with seed 4; seeds 1 to 3 draw no such
     # mosaic), all four tiles are GT-less and so is the mosaic, and MixUp
     # blends it with an image that has boxes (MixUp draws until it finds
     # one). So no sample reached YOLOXHead without GT.
