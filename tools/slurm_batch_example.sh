@@ -12,8 +12,9 @@
 #       tools/slurm_batch_example.sh CONFIG WORK_DIR
 #
 # One Slurm task per rank, as tools/slurm_train.sh: --launcher slurm, and
-# MMEngine takes rank, world size and master address from SLURM_PROCID,
-# SLURM_NTASKS and SLURM_JOB_NODELIST.
+# ExtRunner takes rank, world size, local rank, master address and a port
+# of the job's own from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
+# step's node list and SLURM_JOB_ID (docs/cluster.md).
 #
 # How a job survives its end:
 # 1. --signal=USR1@120: about 120 s before the time limit (Slurm checks
@@ -28,7 +29,9 @@
 #    queues it again; it may start after AuthInfo cred_expire (120 s by
 #    default), from the top of this script, with SLURM_RESTART_COUNT=1, 2..
 # 3. The restarted train.py resumes by itself from that checkpoint in
-#    WORK_DIR. --open-mode=append keeps every run's log in one file.
+#    WORK_DIR (SLURM_RESTART_COUNT makes it a restart of the same run),
+#    exactly where it stopped, mid-epoch too. --open-mode=append keeps
+#    every run's log in one file.
 #
 #SBATCH --job-name=mmddp_train
 #SBATCH --ntasks=8

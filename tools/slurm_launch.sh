@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared launcher of the slurm_train and slurm_test scripts: runs
 # tools/SCRIPT as GPUS Slurm tasks with srun, each task one rank
-# (--launcher=slurm: MMEngine reads SLURM_PROCID, SLURM_NTASKS and the
+# (--launcher=slurm: ExtRunner reads SLURM_PROCID, SLURM_NTASKS and the
 # node list). The interface and defaults are MMDetection 3.x's.
 #
 #   bash tools/slurm_launch.sh SCRIPT PARTITION JOB_NAME CONFIG LEAD \

@@ -127,10 +127,12 @@ def runner_class(cfg) -> Optional[type]:
 
 def opted_in(cfg) -> bool:
     """Whether ``mmddp_ext_cfg`` takes effect for ``cfg``: its runner is
-    ``ExtRunner`` or derives from it."""
-    from .ext_runner import ExtRunner  # ext_runner imports this module
+    ``ExtRunner`` or derives from it (the runner says so in its class
+    attribute ``reads_mmddp_ext_cfg``, which subclasses inherit, so this
+    module, which ``ExtRunner`` imports, need not import it back)."""
     cls = runner_class(cfg)
-    return cls is not None and issubclass(cls, ExtRunner)
+    return (isinstance(cls, type)
+            and getattr(cls, 'reads_mmddp_ext_cfg', False) is True)
 
 
 def ext_cfg_of(cfg, strict: bool = True) -> Optional[Dict[str, Any]]:

@@ -89,6 +89,10 @@ class ExtRunner(Runner):
     user would not see (hooks and priorities, checkpoint contents).
     """
 
+    # ddp_setup.opted_in: this runner, and every runner derived from it,
+    # reads mmddp_ext_cfg.
+    reads_mmddp_ext_cfg = True
+
     def __init__(self, *args, **kwargs):
         self._check_class_counts(*args, **kwargs)
         given = inspect.signature(Runner.__init__).bind_partial(

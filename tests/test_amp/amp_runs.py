@@ -321,8 +321,9 @@ def train_families(data_root: str, work_root: str,
         loss of the first batch, optimizer wrapper type, autocast dtype and
         wall time.
     """
-    import mmddp_ext  # noqa: F401
     from mmengine.registry import RUNNERS
+
+    import mmddp_ext  # noqa: F401
     results = {}
     for name, family, iters in runs:
         start = time.perf_counter()

@@ -219,9 +219,15 @@ def test_spawning_ranks_inside_an_srun_task_is_refused(slurm_cluster):
     """The launcher check that refuses mp.spawn inside torchrun covers a
     task of a Slurm step too."""
     result = slurm_cluster.run(
-        'srun', '-p', slurm_cluster.partition, '--ntasks=1', sys.executable,
-        osp.join(REPO_ROOT, 'tests', 'test_runner', 'spawn_inside_torchrun.py'),
-        timeout=120, cwd=REPO_ROOT)
+        'srun',
+        '-p',
+        slurm_cluster.partition,
+        '--ntasks=1',
+        sys.executable,
+        osp.join(REPO_ROOT, 'tests', 'test_runner',
+                 'spawn_inside_torchrun.py'),
+        timeout=120,
+        cwd=REPO_ROOT)
     assert 'CHILD REFUSED: Two layers of process management' in \
         result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
     assert 'a rank that srun already launched' in result.stdout

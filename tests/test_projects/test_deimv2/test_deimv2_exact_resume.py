@@ -22,8 +22,8 @@ from ...test_runner.exact_resume.toy import \
 from .deimv2_utils import PROJECT
 
 CONFIG = osp.join(PROJECT, 'configs', 'deimv2_hgnetv2_atto_tiny_synthetic.py')
-IMAGES = 6  # batch 2: 3 iterations per epoch
-STOP = 4  # the signal before iteration 4: the checkpoint after 5
+IMAGES = 4  # batch 2: 2 iterations per epoch
+STOP = 2  # the signal before iteration 2 (epoch 1's first): after 3
 
 
 @pytest.fixture(scope='module')

@@ -1,7 +1,7 @@
 """A signal to a 2-rank ``tools/dist_train.sh`` run (no Slurm needed):
 every rank stops at the same iteration, one checkpoint is written, and the
-run resumed with ``--resume`` ends exactly where the uninterrupted run
-ends: the same samples, augmentation and learning rates on each rank, and
+run resumed with ``--resume`` (on ranks forked as dist_train.sh starts
+them) ends exactly where the uninterrupted run ends: the same samples, augmentation and learning rates on each rank, and
 the same weights and EMA bit for bit.
 
 ``SIGUSR1`` goes to the launcher script alone (it passes it to the ranks;
@@ -132,7 +132,10 @@ def test_signal_checkpoints_and_resume_is_exact(tmp_path, uninterrupted,
     assert 'to resume, run the same command with --resume' in out
     assert not any(name.endswith('.partial') for name in os.listdir(work_dir))
 
-    code, out = _finish(_launch(work_dir, _options(work_dir), resume=True))
+    # the resume as tools/dist_train.sh starts it, on forked ranks
+    resumed = train_on_ranks(CONFIG, 2, work_dir, _options(work_dir),
+                             extra_args=['--resume'], timeout=RUN_TIMEOUT_S)
+    code, out = resumed.returncode, resumed.stdout
     assert code == 0, out[-6000:]
     assert f'resuming from {work_dir}/iter_{trained}.pth' in out
     for rank in range(2):
