@@ -19,6 +19,8 @@ from ..utils.text import log_on_every_rank
 
 REQUEUE_VALUES = ('auto', True, False)
 REQUEUE_TIMEOUT_S = 60
+_RESUME_HINT = ('to resume, run the same command with --resume (a requeued '
+                'or restarted run of ExtRunner resumes by itself)')
 
 
 def _signal_number(name: Union[str, int], key: str) -> int:
@@ -192,18 +194,21 @@ class PreemptionHook(Hook):
             return
         name = signal.Signals(signum).name
         path = self._save(runner, trained, by_epoch, meta)
-        requeued = signum in self.requeue_signals and self._requeue(runner)
-        if requeued:
-            then = (f'job {os.environ["SLURM_JOB_ID"]} requeued: it starts '
-                    'again and resumes from this checkpoint by itself')
-        else:
-            then = ('to resume, run the same command with --resume (a '
-                    'requeued or restarted run of ExtRunner resumes by '
-                    'itself)')
+        requeue = (
+            signum in self.requeue_signals and self.requeue is not False
+            and self._can_requeue())
+        # Said before the requeue: Slurm ends the job's steps at once, and
+        # what the tasks print after it may never reach the job's log.
+        then = (f'requeueing job {os.environ.get("SLURM_JOB_ID")}: it '
+                'starts again and resumes from this checkpoint by itself'
+                if requeue else _RESUME_HINT)
         log_on_every_rank(
             f'PreemptionHook: {name}: rank {runner.rank} stops after '
             f'iteration {trained} (epoch {runner.epoch}); checkpoint {path} '
             f'written; {then}.', logging.WARNING)
+        if requeue and not self._requeue(runner):
+            log_on_every_rank(f'PreemptionHook: not requeued; {_RESUME_HINT}.',
+                              logging.WARNING)
         raise Preempted(128 + signum)
 
     def _save(self, runner, trained: int, by_epoch: Optional[bool],
@@ -227,8 +232,6 @@ class PreemptionHook(Hook):
     def _requeue(self, runner) -> bool:
         """``scontrol requeue`` the job on rank 0, after the checkpoint is
         on disk; whether it was requeued, on every rank."""
-        if self.requeue is False or not self._can_requeue():
-            return False
         done = True
         if runner.rank == 0:
             done = _scontrol_requeue(os.environ['SLURM_JOB_ID'])

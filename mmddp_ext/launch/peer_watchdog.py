@@ -207,12 +207,24 @@ def _lines(conn: socket.socket):
 def start_peer_watchdog(store, rank: int, world_size: int,
                         master_addr: str) -> Optional[PeerWatchdog]:
     """Start this rank's watchdog once per process (None for one rank, or
-    with ``MMDDP_EXT_PEER_WATCHDOG=0``)."""
+    with ``MMDDP_EXT_PEER_WATCHDOG=0``). A rank that cannot reach rank 0's
+    socket (a firewall between nodes) trains without it, with a warning:
+    the watchdog only shortens a failure."""
     global _watchdog
     if os.environ.get(WATCHDOG_ENV, '1').strip() == '0':
         return None
     if _watchdog is None and world_size > 1:
-        _watchdog = PeerWatchdog(store, rank, world_size, master_addr)
+        try:
+            _watchdog = PeerWatchdog(store, rank, world_size, master_addr)
+        except OSError as error:
+            from mmengine.logging import print_log
+            print_log(
+                f'mmddp_ext: rank {rank} could not connect the peer '
+                f'watchdog to rank 0 at {master_addr} ({error}); a rank that '
+                'dies is then noticed at the next collective, or by srun '
+                'with --kill-on-bad-exit=1.',
+                logger='current',
+                level=30)
     return _watchdog
 
 

@@ -17,35 +17,15 @@ import sys
 import time
 
 import pytest
-import torch
 
-from mmddp_ext.testing import kill_process_tree
 from ..helpers import REPO_ROOT, train_on_ranks
+from ..test_runner.exact_resume.runs import (CONFIG, ITERS, RUN_TIMEOUT_S,
+                                             finish, same_run, toy_options,
+                                             trained_lines, wait_for_lines)
 from ..test_runner.exact_resume.toy import read_trained
 
-CONFIG = osp.join(REPO_ROOT, 'tests', 'test_runner', 'exact_resume',
-                  'toy_config.py')
 BATCH_SCRIPT = osp.join(REPO_ROOT, 'tools', 'slurm_batch_example.sh')
 CPU_TASKS = dict(GPUS='2', CPUS_PER_TASK='1', SRUN_ARGS='--overcommit')
-RUN_TIMEOUT_S = 180
-ITERS = 9
-
-
-def _options(work_dir, delay=0.0, exact=True):
-    return [
-        f'model.log_dir={work_dir}', f'model.step_delay={delay}',
-        f'mmddp_ext_cfg.exact_resume={exact}'
-    ]
-
-
-def _finish(proc, timeout=RUN_TIMEOUT_S):
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_process_tree(proc.pid)
-        out, _ = proc.communicate()
-        pytest.fail(f'did not end in {timeout}s:\n{out[-6000:]}')
-    return proc.returncode, out
 
 
 def _slurm_train(cluster, work_dir, options):
@@ -64,49 +44,13 @@ def _slurm_train(cluster, work_dir, options):
                             start_new_session=True)
 
 
-def _lines(work_dir, rank=0):
-    path = osp.join(work_dir, f'trained_rank{rank}.jsonl')
-    if not osp.exists(path):
-        return 0
-    with open(path) as f:
-        return sum(1 for _ in f)
-
-
-def _wait_for_lines(work_dir, count, timeout=RUN_TIMEOUT_S, rank=0):
-    deadline = time.monotonic() + timeout
-    while _lines(work_dir, rank) < count:
-        assert time.monotonic() < deadline, f'{work_dir}: no progress'
-        time.sleep(0.1)
-
-
-def _final(work_dir):
-    checkpoint = torch.load(
-        osp.join(work_dir, f'epoch_{ITERS // 3}.pth'),
-        map_location='cpu',
-        weights_only=True)
-    return checkpoint['state_dict'], checkpoint['ema_state_dict']
-
-
-def _same_run(work_dir, reference) -> bool:
-    if any(
-            read_trained(work_dir, rank) != read_trained(reference, rank)
-            for rank in range(2)):
-        return False
-    weights, ema = _final(work_dir)
-    expected_weights, expected_ema = _final(reference)
-    return all(
-        torch.equal(weights[k], expected_weights[k])
-        for k in expected_weights) and all(
-            torch.equal(ema[k], expected_ema[k]) for k in expected_ema)
-
-
 def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
     """tools/slurm_train.sh, 2 tasks each, two jobs at once, no
     MASTER_PORT anywhere: each job's rendezvous has its own port."""
     assert 'MASTER_PORT' not in os.environ
     dirs = [tmp_path / 'a', tmp_path / 'b']
-    procs = [_slurm_train(slurm_cluster, d, _options(d)) for d in dirs]
-    outs = [_finish(p) for p in procs]
+    procs = [_slurm_train(slurm_cluster, d, toy_options(d)) for d in dirs]
+    outs = [finish(p) for p in procs]
     ports = set()
     for (code, out), work_dir in zip(outs, dirs):
         assert code == 0, out[-6000:]
@@ -116,7 +60,7 @@ def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
         assert found, out[-6000:]
         ports.add(found[0][0])
         assert osp.exists(osp.join(work_dir, f'epoch_{ITERS // 3}.pth'))
-        assert _lines(work_dir, 1) == ITERS  # rank 1 trained its share
+        assert trained_lines(work_dir, 1) == ITERS  # rank 1 trained its share
     assert len(ports) == 2, outs
 
 
@@ -124,7 +68,7 @@ def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
 def uninterrupted(tmp_path_factory):
     work_dir = str(tmp_path_factory.mktemp('uninterrupted'))
     result = train_on_ranks(
-        CONFIG, 2, work_dir, _options(work_dir), timeout=RUN_TIMEOUT_S)
+        CONFIG, 2, work_dir, toy_options(work_dir), timeout=RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stdout[-6000:]
     return work_dir
 
@@ -136,7 +80,7 @@ def _submit(cluster, work_dir, exact):
         CONFIG,
         work_dir,
         '--cfg-options',
-        *_options(work_dir, delay=0.4, exact=exact),
+        *toy_options(work_dir, delay=0.4, exact=exact),
         options=[
             '--ntasks=2', '--ntasks-per-node=2', '--cpus-per-task=1',
             '--overcommit', f'--output={out}', '--time=10'
@@ -158,7 +102,7 @@ def test_preempted_batch_job_requeues_and_resumes_exactly(
         work_dir = str(tmp_path / f'exact_{exact}')
         jobs[exact] = (*_submit(slurm_cluster, work_dir, exact), work_dir)
     for job, _, work_dir in jobs.values():
-        _wait_for_lines(work_dir, 4)  # the second epoch has begun
+        wait_for_lines(work_dir, 4)  # the second epoch has begun
         slurm_cluster.cancel(job, signal='USR1')
     for job, _, _ in jobs.values():
         slurm_cluster.wait_state(
@@ -168,15 +112,15 @@ def test_preempted_batch_job_requeues_and_resumes_exactly(
             log = f.read()
         stops = re.findall(
             r'PreemptionHook: SIGUSR1: rank (\d) stops after iteration (\d+)'
-            r'.* job (\d+) requeued', log)
+            r'.* requeueing job (\d+)', log)
         assert sorted(s[0] for s in stops) == ['0', '1'], log[-6000:]
         assert len({s[1] for s in stops}) == 1, stops  # the same iteration
         trained = int(stops[0][1])
         assert 4 <= trained < ITERS and stops[0][2] == job
-        assert 'scontrol requeue' in log and 'run 2,' in log
+        assert 'run 2,' in log  # the batch script started again
         assert f'Slurm requeue 1 of job {job}' in log
         assert f'resuming from {work_dir}/iter_{trained}.pth' in log
-        assert _same_run(work_dir, uninterrupted) == exact, log[-3000:]
+        assert same_run(work_dir, uninterrupted) == exact, log[-3000:]
 
 
 @pytest.mark.parametrize('watchdog', ['1', '0'])
@@ -191,7 +135,7 @@ def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path, watchdog):
         'srun', '-p', slurm_cluster.partition, '--ntasks=2', '--overcommit',
         sys.executable, '-u', 'tools/train.py', CONFIG, '--launcher', 'slurm',
         '--work-dir', work_dir, '--cfg-options',
-        *_options(work_dir, delay=0.5)
+        *toy_options(work_dir, delay=0.5)
     ],
                             cwd=REPO_ROOT,
                             env=slurm_cluster.env(
@@ -203,11 +147,11 @@ def test_a_killed_task_stops_the_others(slurm_cluster, tmp_path, watchdog):
                             stderr=subprocess.STDOUT,
                             text=True,
                             start_new_session=True)
-    _wait_for_lines(work_dir, 2, rank=1)
+    wait_for_lines(work_dir, 2, rank=1)
     victim = read_trained(work_dir, 1, with_pid=True)[0]['pid']
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
-    code, out = _finish(proc, timeout=60)
+    code, out = finish(proc, timeout=60)
     assert time.monotonic() - killed < 30, out[-4000:]
     assert code != 0
     named = re.search(rf'rank 1 \(host \S+, pid {victim}\) stopped', out)

@@ -2,9 +2,10 @@
 stopped by SIGUSR1 in the second epoch, where the epoch policy drops
 Mosaic, Copy-Blend replaces MixUp and the matcher changes, and resumed,
 the run ends with the uninterrupted run's weights and EMA bit for bit.
-Two persistent dataloader workers load the augmented samples (zoom-out,
-IoU crop, photometric distortion, flip; Mosaic in epoch 0); MixUp,
-Copy-Blend and the multi-scale batches are drawn in the training step.
+The dataset draws the augmentation (zoom-out, IoU crop, photometric
+distortion, flip; Mosaic in epoch 0); MixUp, Copy-Blend and the
+multi-scale batches are drawn in the training step. (Workers, persistent
+or not, are the toy's subject: test_exact_resume.py.)
 
 The controls, MMEngine's resume and each part of exact resume removed,
 run on the toy of tests/test_runner/exact_resume (a DEIMv2 control run
@@ -42,8 +43,6 @@ def _cfg(data, work_dir, exact=True, signal_at=None, resume=False):
     cfg.test_dataloader.dataset.data_root = f'{data}/'
     cfg.val_evaluator.ann_file = f'{data}/val/annotations.json'
     cfg.test_evaluator.ann_file = f'{data}/val/annotations.json'
-    cfg.train_dataloader.num_workers = 2
-    cfg.train_dataloader.persistent_workers = True
     cfg.train_cfg.val_interval = cfg.train_cfg.max_epochs + 1
     cfg.randomness = dict(seed=7)
     cfg.mmddp_ext_cfg = dict(
