@@ -30,9 +30,9 @@ class MatchabilityAwareLoss(RTDETRVarifocalLoss):
     ``guarded_score_loss``): an empty ``pred`` gives an exact 0 in the
     graph, ``avg_factor`` is raised to ``min_avg_factor``, non-finite
     targets become finite (NaN 0, +inf 1), float16 is computed in
-    float32, and the sum is divided by ``avg_factor + eps`` as mmdet's
-    ``weight_reduce_loss`` (upstream by ``num_boxes``: 2e-7 relative at
-    most). Non-finite logits are not replaced: they make the loss NaN,
+    float32, and the sum is divided by ``avg_factor`` itself
+    (``divisor_eps = 0``, from ``RTDETRVarifocalLoss``), as upstream
+    divides by ``num_boxes``. Non-finite logits are not replaced: they make the loss NaN,
     which mmddp_ext's all-ranks check then skips on every rank (upstream
     replaces every NaN loss by 0 with ``nan_to_num`` and trains on); a
     NaN box does the same through the box losses.

@@ -29,10 +29,9 @@ class RTDETRVarifocalLoss(SafeVarifocalLoss):
     empty ``pred`` gives an exact 0 in the graph, ``avg_factor`` is raised
     to ``min_avg_factor`` (upstream clamps ``num_boxes`` to 1 too),
     non-finite targets become finite, float16 is computed in float32.
-    Upstream divides by ``num_boxes`` alone, the reduction by
-    ``avg_factor + eps`` as mmdet: bit for bit the same for a divisor of
-    4 or more (and 2, 3, 3.5), otherwise at most 2e-7 relative apart (one
-    float32 rounding of the divisor).
+    The sum is divided by ``avg_factor`` itself (``divisor_eps = 0``), as
+    upstream divides by ``num_boxes``, not by mmdet's ``avg_factor + eps``
+    (one float32 rounding of the divisor apart, 2e-7 relative at most).
 
     Args:
         alpha (float): Weight of the negatives' term. Defaults to 0.75.
