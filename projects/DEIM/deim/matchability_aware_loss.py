@@ -32,10 +32,10 @@ class MatchabilityAwareLoss(RTDETRVarifocalLoss):
     targets become finite (NaN 0, +inf 1), float16 is computed in
     float32, and the sum is divided by ``avg_factor`` itself
     (``divisor_eps = 0``, from ``RTDETRVarifocalLoss``), as upstream
-    divides by ``num_boxes``. Non-finite logits are not replaced: they make the loss NaN,
-    which mmddp_ext's all-ranks check then skips on every rank (upstream
-    replaces every NaN loss by 0 with ``nan_to_num`` and trains on); a
-    NaN box does the same through the box losses.
+    divides by ``num_boxes``. Non-finite logits are not replaced: they
+    make the loss NaN, which mmddp_ext's all-ranks check then skips on
+    every rank (upstream replaces every NaN loss by 0 with ``nan_to_num``
+    and trains on); a NaN box does the same through the box losses.
 
     Args:
         alpha (float): Weight of the negatives (upstream ``mal_alpha``).
