@@ -57,36 +57,29 @@ def _shows(logger: logging.Logger, level: int) -> bool:
 
 @RUNNERS.register_module()
 class ExtRunner(Runner):
-    """MMEngine ``Runner`` that launches on CPU or GPU, resumes safely and
-    switches on the mmddp_ext stack.
+    """MMEngine ``Runner`` that launches on CPU or GPU (torchrun or Slurm),
+    resumes exactly and switches on the mmddp_ext stack.
 
-    Select it with ``runner_type = 'ExtRunner'`` (``tools/train.py``,
-    ``tools/test.py`` and ``configs/_base_/mmddp_ext.py`` do); it is a
-    drop-in for ``Runner``: the same arguments, ``train()``, ``val()`` and
-    ``test()``. It overrides, each calling ``super()`` for the rest:
+    A drop-in for ``Runner`` (``runner_type = 'ExtRunner'``; the tools and
+    ``configs/_base_/mmddp_ext.py`` set it). Overridden, each calling
+    ``super()`` for the rest:
 
-    - ``__init__``: the config formatted once per content; the class-count
-      check before anything is built.
-    - ``_log_env``: nothing built for a rank whose log shows no INFO.
-    - ``setup_env``: launch checks; gloo or NCCL, a bounded collective
-      timeout.
-    - ``wrap_model``: the wrapper, its ``device_ids`` and ``sync_bn`` as
-      :func:`~mmddp_ext.runner.ddp_setup.resolve_ddp_setup` rules.
-    - ``build_optim_wrapper``: AMP recipes on CPU ranks.
-    - ``build_train_loop``: no 2 s pause per epoch of an iteration-based
-      loop without dataloader workers.
-    - ``dump_config``: ``'mmddp_ext'`` in ``custom_imports``.
-    - ``register_hooks``: the hooks of
-      :func:`~mmddp_ext.runner.ddp_setup.ext_hooks`.
-    - ``load_checkpoint``: ``weights_only=True``.
-    - ``load_or_resume`` and ``train``: one start rule for every launch,
-      restart and resume; a timed-out collective names each rank's phase.
+    - ``__init__``, ``_log_env``, ``dump_config``: the config formatted
+      once; the class-count check first; ``'mmddp_ext'`` in the dump.
+    - ``setup_env``, ``wrap_model``, ``build_optim_wrapper``: launch checks,
+      gloo or NCCL with a bounded timeout, the DDP set-up and AMP recipes
+      as :mod:`~mmddp_ext.runner.ddp_setup` rules.
+    - ``register_hooks``: :func:`~mmddp_ext.runner.ddp_setup.ext_hooks`.
+    - ``build_train_loop``, ``save_checkpoint``, ``load_checkpoint``:
+      resumable loops, atomic weights-only checkpoints with the position.
+    - ``load_or_resume``, ``train``, ``val``, ``test``: one start rule for
+      every launch, restart, requeue and resume; a timed-out collective
+      names each rank's phase; a planned end tells the peer watchdog.
 
     Config keys besides ``Runner``'s: ``resume`` (also ``'auto'``),
     ``trusted_checkpoints`` and ``mmddp_ext_cfg`` (defaults in
-    :data:`~mmddp_ext.runner.ddp_setup.EXT_CFG_DEFAULTS`). docs/design.md
-    ("CPU or GPU launch") has each method, each key and what a ``Runner``
-    user would not see (hooks and priorities, checkpoint contents).
+    :data:`~mmddp_ext.runner.ddp_setup.EXT_CFG_DEFAULTS`); docs/design.md
+    and docs/cluster.md have each method and key.
     """
 
     # ddp_setup.opted_in: this runner, and every runner derived from it,
