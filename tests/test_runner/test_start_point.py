@@ -40,6 +40,35 @@ def test_restart_continues_from_its_own_checkpoint_only():
                                'the latest checkpoint this run wrote')
 
 
+@pytest.mark.parametrize('variable', ['TORCHELASTIC_RESTART_COUNT',
+                                      'SLURM_RESTART_COUNT'])
+def test_a_slurm_requeue_is_a_restart(monkeypatch, variable):
+    """A requeued Slurm job runs its batch script again with the command it
+    was submitted with (no --resume) and SLURM_RESTART_COUNT set: the rule
+    treats it as torchrun's restart, so a fine-tune requeued before its
+    first checkpoint loads its load_from again and one requeued after a
+    checkpoint resumes it. The control: without the count the requeued
+    job is a new run, from load_from."""
+    from mmddp_ext.runner.start_point import restart_count
+    for name in ('TORCHELASTIC_RESTART_COUNT', 'SLURM_RESTART_COUNT'):
+        monkeypatch.delenv(name, raising=False)
+    _, record = choose_start(False, 'pre.pth', None)
+    assert restart_count() == 0
+    written = ['w/iter_7.pth', 1, 2]
+    start, _ = choose_start(False, 'pre.pth', written,
+                            restart=restart_count(), record=record)
+    assert start == StartPoint('load', 'pre.pth', FRESH)  # the control
+    monkeypatch.setenv(variable, '1')
+    assert restart_count() == 1
+    start, _ = choose_start(False, 'pre.pth', written,
+                            restart=restart_count(), record=record)
+    assert start == StartPoint('resume', 'w/iter_7.pth',
+                               'the latest checkpoint this run wrote')
+    start, _ = choose_start(False, 'pre.pth', None,
+                            restart=restart_count(), record=record)
+    assert (start.action, start.path) == ('load', 'pre.pth')
+
+
 def test_a_record_of_other_settings_is_not_this_runs():
     _, record = choose_start(False, 'other.pth', None)
     start, new = choose_start(

@@ -6,6 +6,7 @@ import os.path as osp
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -137,12 +138,21 @@ def test_fixture_skips_or_fails_under_ci(tmp_path, monkeypatch):
 def test_cluster_script_needs_root(tmp_path):
     """start exits 3 with its reason for a user that is not root (and
     finds no cluster in an empty state dir)."""
-    command = ['bash', osp.join(TOOLS, 'slurm_cluster.sh'), 'start']
-    if os.geteuid() == 0:
-        command = ['runuser', '-u', 'nobody', '--', *command]
+    script = osp.join(TOOLS, 'slurm_cluster.sh')
     state = tmp_path / 'state'
     state.mkdir()
     state.chmod(0o777)
+    readable = tempfile.mkdtemp()
+    if os.geteuid() == 0:
+        # a copy the user can read: the checkout may sit in a folder only
+        # root enters (a clone in mktemp -d, CI's)
+        os.chmod(readable, 0o755)
+        shutil.copy(script, readable)
+        script = osp.join(readable, 'slurm_cluster.sh')
+        os.chmod(script, 0o755)
+    command = ['bash', script, 'start']
+    if os.geteuid() == 0:
+        command = ['runuser', '-u', 'nobody', '--', *command]
     result = subprocess.run(
         command,
         capture_output=True,
@@ -152,6 +162,7 @@ def test_cluster_script_needs_root(tmp_path):
             **os.environ, 'MMDDP_EXT_SLURM_DIR': str(state)
         },
         cwd='/')
+    shutil.rmtree(readable)
     assert result.returncode == 3, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(
         'slurm_cluster.sh: ')

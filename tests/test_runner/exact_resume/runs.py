@@ -23,6 +23,7 @@ def toy_options(work_dir, delay=0.0, exact=True):
     ``delay`` s per step (time for a test to signal mid-run)."""
     return [
         f'model.log_dir={work_dir}', f'model.step_delay={delay}',
+        f'custom_hooks.1.log_dir={work_dir}',
         f'mmddp_ext_cfg.exact_resume={exact}'
     ]
 
@@ -72,12 +73,13 @@ def final_state(work_dir):
 
 def same_run(work_dir, reference) -> bool:
     """Whether two 2-rank toy runs trained the same samples with the same
-    augmentation on each rank and ended with the same weights and EMA, bit
-    for bit."""
-    if any(
-            read_trained(work_dir, rank) != read_trained(reference, rank)
-            for rank in range(2)):
-        return False
+    augmentation, learning rate and momentum at every iteration on each
+    rank and ended with the same weights and EMA, bit for bit."""
+    for rank in range(2):
+        trained = read_trained(work_dir, rank)
+        assert trained and all('lr' in r for r in trained), 'no schedule'
+        if trained != read_trained(reference, rank):
+            return False
     weights, ema = final_state(work_dir)
     expected_weights, expected_ema = final_state(reference)
     return all(

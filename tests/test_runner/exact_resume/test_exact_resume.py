@@ -41,6 +41,7 @@ def _cfg(work_dir,
     cfg.randomness = dict(seed=seed)
     cfg.work_dir = str(work_dir)
     cfg.model.log_dir = str(work_dir)
+    cfg.custom_hooks[1].log_dir = str(work_dir)  # RecordScheduleHook
     cfg.train_dataloader.num_workers = workers
     cfg.train_dataloader.persistent_workers = persistent and workers > 0
     if loop == 'iter':
@@ -125,8 +126,10 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, loop, workers,
     expected = read_trained(tmp_path / 'whole', 0)
     trained = read_trained(work_dir, 0)
     assert len(trained) == len(expected) == 3 * ITERS_PER_EPOCH
-    # the same samples in the same order, augmented the same way
+    # the same samples in the same order, augmented the same way, with the
+    # same learning rate and momentum at every iteration
     assert trained == expected
+    assert all('lr' in r and 'momentum' in r for r in trained)
     _assert_same(whole, resumed)
     if workers == 0:
         # the trained batches were skipped by index: the resumed run's

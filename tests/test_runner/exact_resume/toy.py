@@ -110,12 +110,18 @@ class ExactResumeToyModel(BaseModel):
 
 def read_trained(log_dir: str, rank: int, with_pid: bool = False):
     """What ``rank`` trained, one dict per iteration (without the process
-    id unless asked: a resumed run is another process)."""
+    id unless asked: a resumed run is another process), with the learning
+    rate and momentum of the iteration where RecordScheduleHook ran."""
     with open(osp.join(log_dir, f'trained_rank{rank}.jsonl')) as f:
         records = [json.loads(line) for line in f]
     if not with_pid:
         for record in records:
             record.pop('pid')
+    schedule = osp.join(log_dir, f'schedule_rank{rank}.jsonl')
+    if osp.exists(schedule):
+        with open(schedule) as f:
+            for record, line in zip(records, f):
+                record['lr'], record['momentum'] = json.loads(line)
     return records
 
 
@@ -146,3 +152,23 @@ class SignalDuringSaveHook(Hook):
         if not self.sent:
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+
+@HOOKS.register_module()
+class RecordScheduleHook(Hook):
+    """Appends each iteration's learning rate and momentum, as the
+    optimizer used them, to ``<log_dir>/schedule_rank<R>.jsonl``."""
+
+    priority = 'HIGHEST'  # before ParamSchedulerHook steps them
+
+    def __init__(self, log_dir: str = '') -> None:
+        self.log_dir = log_dir
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        if not self.log_dir:
+            return
+        group = runner.optim_wrapper.optimizer.param_groups[0]
+        path = osp.join(self.log_dir, f'schedule_rank{get_rank()}.jsonl')
+        with open(path, 'a') as f:
+            f.write(json.dumps([group['lr'], group['momentum']]) + '\n')

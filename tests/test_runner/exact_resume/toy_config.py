@@ -21,7 +21,10 @@ param_scheduler = [
     dict(type='LinearLR', start_factor=0.2, by_epoch=False, begin=0, end=5),
     dict(type='CosineAnnealingLR', by_epoch=False, begin=5, T_max=9),
 ]
-custom_hooks = [dict(type='EMAHook', momentum=0.1)]
+custom_hooks = [
+    dict(type='EMAHook', momentum=0.1),
+    dict(type='RecordScheduleHook', log_dir='')
+]
 default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', interval=1),
     logger=dict(type='LoggerHook', interval=1))
