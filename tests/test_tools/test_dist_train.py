@@ -15,7 +15,7 @@ from mmddp_ext.testing import free_port, kill_process_tree, run_command
 from mmddp_ext.utils import load_checkpoint_file
 from ..helpers import (REPO_ROOT, TINY_CONFIG, coco_metrics, data_options,
                        dist_train, gt_as_predictions, logged_iters,
-                       tiny_options)
+                       tiny_options, train_on_ranks)
 
 
 def _evaluate_with_dist_test(root, ckpt_path, nproc, tmp_path):
@@ -98,8 +98,9 @@ def _optimizer_steps(ckpt):
 
 def test_resume_after_kill_continues(synthetic_root, tmp_path):
     """2 CPU ranks through tools/dist_train.sh, killed after a checkpoint,
-    resumed with --resume to the end; the final checkpoint evaluated on 2
-    ranks through tools/dist_test.sh (3 ranks through dist_train.sh:
+    resumed with --resume to the end (tools/train.py as dist_train.sh
+    starts it); the final checkpoint evaluated on 2 ranks through
+    tools/dist_test.sh (3 ranks through dist_train.sh:
     test_co_dino_dist_train.py and test_rtdetr_dist.py)."""
     work_dir = str(tmp_path / 'work')
     iters = 8
@@ -122,10 +123,14 @@ def test_resume_after_kill_continues(synthetic_root, tmp_path):
     assert killed_at >= 4, 'no checkpoint before the deadline'
     assert killed_at < iters, 'the run finished before it was killed'
 
-    result = dist_train(TINY_CONFIG, 2, work_dir,
-                        data_options(synthetic_root) +
-                        tiny_options(iters, ckpt_every=2),
-                        extra_args=['--resume'])
+    # resumed as tools/dist_train.sh starts the ranks, on ranks forked with
+    # their imports done (the launch of a signalled dist_train.sh run and
+    # its resume: tests/test_runner/exact_resume/test_preemption_dist.py)
+    result = train_on_ranks(TINY_CONFIG, 2, work_dir,
+                            data_options(synthetic_root) +
+                            tiny_options(iters, ckpt_every=2),
+                            extra_args=['--resume'])
+    assert result.returncode == 0, result.stdout[-6000:]
     out = result.stdout
     assert 'gloo process group, rank 0/2' in out
     assert 'CUDA is not available' in out
