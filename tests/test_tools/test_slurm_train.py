@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from ..helpers import REPO_ROOT, train_on_ranks
+from ..helpers import REPO_ROOT
 from ..test_runner.exact_resume.runs import (CONFIG, ITERS, RUN_TIMEOUT_S,
-                                             finish, same_run, toy_options,
+                                             finish, same_run, start_launcher,
+                                             toy_options, train_uninterrupted,
                                              trained_lines, wait_for_lines)
 from ..test_runner.exact_resume.toy import read_trained
 
@@ -29,19 +30,12 @@ CPU_TASKS = dict(GPUS='2', CPUS_PER_TASK='1', SRUN_ARGS='--overcommit')
 
 
 def _slurm_train(cluster, work_dir, options):
-    return subprocess.Popen([
+    return start_launcher([
         'bash',
         osp.join(REPO_ROOT, 'tools', 'slurm_train.sh'), cluster.partition,
         'toy', CONFIG,
         str(work_dir), '--cfg-options', *options
-    ],
-                            cwd=REPO_ROOT,
-                            env=cluster.env(
-                                dict(CPU_TASKS, PYTHON=sys.executable)),
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT,
-                            text=True,
-                            start_new_session=True)
+    ], cluster.env(dict(CPU_TASKS, PYTHON=sys.executable)))
 
 
 def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
@@ -66,11 +60,7 @@ def test_two_jobs_on_one_node_train_at_once(slurm_cluster, tmp_path):
 
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
-    work_dir = str(tmp_path_factory.mktemp('uninterrupted'))
-    result = train_on_ranks(
-        CONFIG, 2, work_dir, toy_options(work_dir), timeout=RUN_TIMEOUT_S)
-    assert result.returncode == 0, result.stdout[-6000:]
-    return work_dir
+    return train_uninterrupted(str(tmp_path_factory.mktemp('uninterrupted')))
 
 
 def _submit(cluster, work_dir, exact):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmddp_ext.testing import kill_process_tree
-from ...helpers import REPO_ROOT
+from ...helpers import REPO_ROOT, train_on_ranks
 from .toy import read_trained
 
 CONFIG = osp.join(REPO_ROOT, 'tests', 'test_runner', 'exact_resume',
@@ -86,3 +86,24 @@ def same_run(work_dir, reference) -> bool:
         torch.equal(weights[k], expected_weights[k])
         for k in expected_weights) and all(
             torch.equal(ema[k], expected_ema[k]) for k in expected_ema)
+
+
+def start_launcher(command, env):
+    """A launcher script (dist_train.sh, slurm_train.sh) in its own process
+    group, from the repository root, its output captured."""
+    return subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True)
+
+
+def train_uninterrupted(work_dir) -> str:
+    """The reference: the toy run on 2 ranks, never stopped."""
+    result = train_on_ranks(
+        CONFIG, 2, work_dir, toy_options(work_dir), timeout=RUN_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-6000:]
+    return work_dir

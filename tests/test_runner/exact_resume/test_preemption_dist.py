@@ -12,14 +12,14 @@ Slurm signals every process of a job step.
 import os
 import os.path as osp
 import signal
-import subprocess
 import sys
 
 import pytest
 
 from mmddp_ext.testing import free_port
 from ...helpers import REPO_ROOT, train_on_ranks
-from .runs import (CONFIG, ITERS, RUN_TIMEOUT_S, finish, same_run, toy_options,
+from .runs import (CONFIG, ITERS, RUN_TIMEOUT_S, finish, same_run,
+                   start_launcher, toy_options, train_uninterrupted,
                    wait_for_lines)
 
 
@@ -30,24 +30,13 @@ def _launch(work_dir, options):
         '--work-dir',
         str(work_dir), '--cfg-options', *options
     ]
-    env = dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable)
-    return subprocess.Popen(
-        cmd,
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True)
+    return start_launcher(
+        cmd, dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable))
 
 
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
-    work_dir = str(tmp_path_factory.mktemp('uninterrupted'))
-    result = train_on_ranks(
-        CONFIG, 2, work_dir, toy_options(work_dir), timeout=RUN_TIMEOUT_S)
-    assert result.returncode == 0, result.stdout[-6000:]
-    return work_dir
+    return train_uninterrupted(str(tmp_path_factory.mktemp('uninterrupted')))
 
 
 @pytest.mark.parametrize('signum, whole_group', [
