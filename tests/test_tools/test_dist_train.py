@@ -1,21 +1,18 @@
 """tools/dist_train.sh end to end on real gloo ranks (CPU)."""
-import os
 import os.path as osp
 import pickle
 import re
 import shutil
-import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
-from mmddp_ext.testing import free_port, kill_process_tree, run_command
+from mmddp_ext.testing import free_port, run_command
 from mmddp_ext.utils import load_checkpoint_file
 from ..helpers import (REPO_ROOT, TINY_CONFIG, coco_metrics, data_options,
                        dist_train, gt_as_predictions, logged_iters,
-                       tiny_options, train_on_ranks)
+                       tiny_options)
 
 
 def _evaluate_with_dist_test(root, ckpt_path, nproc, tmp_path):
@@ -60,6 +57,8 @@ def test_gt_as_predictions_score_map_one(synthetic_root):
 
 
 def test_two_nodes_on_localhost(synthetic_root, tmp_path):
+    """tools/dist_train.sh as two nodes of one rank each (NNODES, NODE_RANK,
+    MASTER_ADDR), its checkpoint evaluated through tools/dist_test.sh."""
     port = str(free_port())
     work_dir = str(tmp_path / 'work')
     results = {}
@@ -80,73 +79,16 @@ def test_two_nodes_on_localhost(synthetic_root, tmp_path):
     for rank in (0, 1):
         assert results[rank].returncode == 0, results[rank].stdout[-4000:]
     assert 'gloo process group, rank 0/2' in results[0].stdout
+    assert 'CUDA is not available' in results[0].stdout
     assert logged_iters(results[0].stdout) == [1, 2]
-
-
-def _last_checkpoint_iter(work_dir):
-    path = osp.join(work_dir, 'last_checkpoint')
-    if not osp.exists(path):
-        return 0
-    with open(path) as f:
-        found = re.search(r'iter_(\d+)\.pth', f.read())
-    return int(found[1]) if found else 0
-
-
-def _optimizer_steps(ckpt):
-    return {int(s['step']) for s in ckpt['optimizer']['state'].values()}
-
-
-def test_resume_after_kill_continues(synthetic_root, tmp_path):
-    """2 CPU ranks through tools/dist_train.sh, killed after a checkpoint,
-    resumed with --resume to the end (tools/train.py as dist_train.sh
-    starts it); the final checkpoint evaluated on 2 ranks through
-    tools/dist_test.sh (3 ranks through dist_train.sh:
-    test_co_dino_dist_train.py and test_rtdetr_dist.py)."""
-    work_dir = str(tmp_path / 'work')
-    iters = 8
-    cmd = ['bash', osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), TINY_CONFIG,
-           '2', '--work-dir', work_dir, '--cfg-options',
-           *data_options(synthetic_root), *tiny_options(iters, ckpt_every=2)]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-        env=dict(os.environ, PORT=str(free_port()), PYTHON=sys.executable))
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline and _last_checkpoint_iter(
-            work_dir) < 4:
-        time.sleep(0.2)
-    kill_process_tree(proc.pid)
-    proc.wait()
-    # The checkpoint that --resume picks: the one `last_checkpoint` names,
-    # written after the file itself is complete.
-    killed_at = _last_checkpoint_iter(work_dir)
-    assert killed_at >= 4, 'no checkpoint before the deadline'
-    assert killed_at < iters, 'the run finished before it was killed'
-
-    # resumed as tools/dist_train.sh starts the ranks, on ranks forked with
-    # their imports done (the launch of a signalled dist_train.sh run and
-    # its resume: tests/test_runner/exact_resume/test_preemption_dist.py)
-    result = train_on_ranks(TINY_CONFIG, 2, work_dir,
-                            data_options(synthetic_root) +
-                            tiny_options(iters, ckpt_every=2),
-                            extra_args=['--resume'])
-    assert result.returncode == 0, result.stdout[-6000:]
-    out = result.stdout
-    assert 'gloo process group, rank 0/2' in out
-    assert 'CUDA is not available' in out
-    assert f'resumed epoch: 0, iter: {killed_at}' in out
-    assert logged_iters(out) == list(range(killed_at + 1, iters + 1))
-    final = load_checkpoint_file(osp.join(work_dir, f'iter_{iters}.pth'))
-    assert final['meta']['iter'] == iters
-    # AdamW's step count carried over: the optimizer state was resumed.
-    assert _optimizer_steps(final) == {iters}
-    # The logged loss history was resumed too (one entry per iteration).
-    loss_history = final['message_hub']['log_scalars']['train/loss']
-    assert len(loss_history['log_history']) == iters
-    # Written through mmddp_ext: it loads with weights_only=True (above).
+    # The checkpoint is written through mmddp_ext: it loads with
+    # weights_only=True, then dist_test.sh evaluates it on 2 ranks. (A run
+    # killed and resumed with --resume: test_self_healing.py and
+    # tests/test_runner/exact_resume/test_preemption_dist.py.)
+    final = load_checkpoint_file(osp.join(work_dir, 'iter_2.pth'))
+    assert final['meta']['iter'] == 2
     _evaluate_with_dist_test(synthetic_root,
-                             osp.join(work_dir, f'iter_{iters}.pth'), 2,
-                             tmp_path)
+                             osp.join(work_dir, 'iter_2.pth'), 2, tmp_path)
 
 
 def test_missing_config_is_refused(tmp_path):

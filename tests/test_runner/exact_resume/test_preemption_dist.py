@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from mmddp_ext.testing import free_port
+from mmddp_ext.utils import load_checkpoint_file
 from ...helpers import REPO_ROOT, train_on_ranks
 from .runs import (CONFIG, ITERS, RUN_TIMEOUT_S, finish, same_run,
                    start_launcher, toy_options, train_uninterrupted,
@@ -83,3 +84,11 @@ def test_signal_checkpoints_and_resume_is_exact(tmp_path, uninterrupted,
     assert (f'resuming from {work_dir}/iter_{trained}.pth'
             in resumed.stdout)
     assert same_run(work_dir, uninterrupted)
+    # --resume on torch 2.13 (weights_only=True) kept the optimizer's
+    # momentum and the logged loss history: one entry per iteration
+    final = load_checkpoint_file(osp.join(work_dir, f'epoch_{ITERS // 3}.pth'))
+    assert final['meta']['iter'] == ITERS
+    assert all('momentum_buffer' in state
+               for state in final['optimizer']['state'].values())
+    history = final['message_hub']['log_scalars']['train/loss']
+    assert len(history['log_history']) == ITERS
