@@ -5,6 +5,9 @@ import sys
 import pytest
 
 _LAUNCHES_BEFORE = pytest.StashKey[int]()
+# node id -> the pytest-timeout limit of each collected test (its own
+# ``timeout`` marker, else setup.cfg's), read by test_timeouts.py
+TEST_LIMITS = pytest.StashKey[dict]()
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 if REPO_ROOT not in sys.path:
@@ -51,6 +54,13 @@ def pytest_collection_modifyitems(config, items):
     from tests.multi_rank_marker import mark_multi_rank
     order_by_duration(items, load_durations())
     mark_multi_rank(items)
+    default_limit = float(config.getini('timeout') or 0)
+    config.stash[TEST_LIMITS] = {
+        item.nodeid: float(marker.args[0]) if marker and marker.args else
+        default_limit
+        for item in items
+        for marker in [item.get_closest_marker('timeout')]
+    }
     if config.getoption('--device') != 'cuda':
         return
     import torch

@@ -10,7 +10,9 @@ measured run (``file_durations.json``, longest first: the classic
 longest-processing-time rule). A file missing there counts as the median
 file; tests keep their order within a file.
 
-Regenerate the times from a run with ``--durations=0``::
+The same file keeps the time of each long test, whose pytest-timeout limit
+tests/test_testing/test_timeouts.py compares with it. Regenerate the times
+from a run with ``--durations=0``::
 
     bash tools/run_tests.sh --durations=0 > /tmp/suite.log
     python tests/file_order.py /tmp/suite.log
@@ -25,6 +27,10 @@ from typing import Dict, List
 DURATIONS = osp.join(osp.dirname(osp.abspath(__file__)),
                      'file_durations.json')
 LINE = re.compile(r'^([\d.]+)s (?:call|setup|teardown)\s+([^\s:]+)::')
+TEST_LINE = re.compile(r'^([\d.]+)s (?:call|setup|teardown)\s+(\S+::\S+)$')
+# Per-test times are kept for the tests at least this long: the ones whose
+# limits tests/test_testing/test_timeouts.py compares with them.
+RECORDED_TEST_S = 10.0
 
 
 def load_durations(path: str = DURATIONS) -> Dict[str, float]:
@@ -49,15 +55,27 @@ def order_by_duration(items: List, durations: Dict[str, float]) -> None:
     items.sort(key=lambda item: -durations.get(file_of(item.nodeid), default))
 
 
-def durations_from_log(text: str) -> Dict[str, float]:
-    """Per-file sums of the ``--durations=0`` lines of a pytest log."""
+def durations_from_log(text: str, per: str = 'file') -> Dict[str, float]:
+    """Sums of the ``--durations=0`` lines of a pytest log, per test file
+    (``per='file'``) or per test (``per='test'``: set-up, call and
+    tear-down, what pytest-timeout's limit bounds)."""
+    pattern = LINE if per == 'file' else TEST_LINE
     seconds: Dict[str, float] = {}
     for line in text.splitlines():
-        match = LINE.match(line)
+        match = pattern.match(line)
         if match:
             name = match.group(2)
             seconds[name] = seconds.get(name, 0.0) + float(match.group(1))
     return {name: round(value, 1) for name, value in sorted(seconds.items())}
+
+
+def load_test_durations(path: str = DURATIONS) -> Dict[str, float]:
+    """Seconds per test (node id) of the tests that took at least
+    :data:`RECORDED_TEST_S` in the measured run, or {}."""
+    if not osp.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f).get('tests', {})
 
 
 def main(log: str) -> None:
@@ -66,9 +84,17 @@ def main(log: str) -> None:
     if not seconds:
         raise SystemExit(f'{log} has no duration lines: run the suite with '
                          '--durations=0 and pass its output.')
+    with open(log) as f:
+        tests = {
+            name: value
+            for name, value in durations_from_log(f.read(), 'test').items()
+            if value >= RECORDED_TEST_S
+        }
     with open(DURATIONS, 'w') as f:
-        json.dump(dict(source=osp.basename(log), seconds=seconds), f,
-                  indent=1)
+        json.dump(
+            dict(source=osp.basename(log), seconds=seconds, tests=tests),
+            f,
+            indent=1)
         f.write('\n')
     print(f'{len(seconds)} files, {sum(seconds.values()):.0f} s')
 

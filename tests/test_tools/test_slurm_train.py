@@ -80,6 +80,8 @@ def _submit(cluster, work_dir, exact):
     return job, out
 
 
+# 52 s quiet, 128 s in the suite (two jobs, Slurm's requeue delay)
+@pytest.mark.timeout(400)
 def test_preempted_batch_job_requeues_and_resumes_exactly(
         slurm_cluster, tmp_path, uninterrupted):
     """The user's own sbatch script (tools/slurm_batch_example.sh), 2
