@@ -215,8 +215,8 @@ def apply_resume(args, cfg) -> None:
 
 def is_ext_runner(cfg) -> bool:
     """Whether ``cfg.runner_type`` is ExtRunner or derived from it (the
-    runner's own test, :func:`mmddp_ext.runner.ddp_setup.opted_in`)."""
-    from mmddp_ext.runner.ddp_setup import opted_in
+    runner's own test, :func:`mmddp_ext.runner.ext_cfg.opted_in`)."""
+    from mmddp_ext.runner.ext_cfg import opted_in
     return opted_in(cfg)
 
 

@@ -121,7 +121,7 @@ def sync_batch_norm_layers(model: nn.Module) -> int:
 
 def describe_twins(sync_bn_layers: int, precision=None) -> List[str]:
     """One phrase per twin the probe used (``precision``: the
-    :class:`~mmddp_ext.runner.ddp_setup.Precision` of the probe's optimizer
+    :class:`~mmddp_ext.utils.precision.Precision` of the probe's optimizer
     wrapper, None without one)."""
     used = []
     if sync_bn_layers:

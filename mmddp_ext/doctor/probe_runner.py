@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import torch.nn as nn
 
-from ..runner.ddp_setup import resolve_precision
+from ..utils.precision import resolve_precision
 
 # Keys the probe unsets: it never validates, tests or saves.
 UNSET_KEYS = ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader',

@@ -5,8 +5,9 @@ from typing import Any, List
 
 import torch.nn as nn
 
-from ..hooks.rank_consistency_hook import MOVED_TO_NONFINITE_SKIP
-from ..runner.ddp_setup import EXT_CFG_DEFAULTS, DDPSetup, checked_ext_cfg
+from ..hooks.rank_consistency_hook import move_skip_args
+from ..runner.ddp_setup import DDPSetup
+from ..runner.ext_cfg import EXT_CFG_DEFAULTS, checked_ext_cfg
 from ..utils.text import shorten
 from ..utils.torch_private import BatchNormBase
 from . import checkpoint_sites
@@ -198,30 +199,14 @@ def _mmddp_ext_types(node: Any) -> List[str]:
 def _corrected_ext_cfg(given: dict) -> dict:
     """``given`` with a misspelt key under its closest accepted name, an
     unknown one dropped, and ``rank_consistency``'s skip keys moved to
-    ``nonfinite_skip``."""
+    ``nonfinite_skip`` (``RankConsistencyHook``'s module moves them:
+    :func:`~mmddp_ext.hooks.rank_consistency_hook.move_skip_args`)."""
     known = {k: v for k, v in given.items() if k in EXT_CFG_DEFAULTS}
     for key in sorted(set(given) - set(EXT_CFG_DEFAULTS)):
         close = difflib.get_close_matches(key, EXT_CFG_DEFAULTS, 1)
         if close:
             known.setdefault(close[0], given[key])
-    checks = known.get('rank_consistency')
-    moved = {
-        k: checks[k]
-        for k in MOVED_TO_NONFINITE_SKIP if k in checks
-    } if isinstance(checks, dict) else {}
-    if moved:
-        known['rank_consistency'] = {
-            k: v
-            for k, v in checks.items() if k not in moved
-        }
-        if moved.get('skip_nonfinite', True) is False:
-            known['nonfinite_skip'] = None
-        else:
-            skip = dict(known.get('nonfinite_skip') or {})
-            if 'max_consecutive_skips' in moved:
-                skip['max_consecutive_skips'] = moved['max_consecutive_skips']
-            known['nonfinite_skip'] = skip
-    return known
+    return move_skip_args(known)
 
 
 def check_coherence(cfg, setup: DDPSetup) -> Check:

@@ -1,6 +1,6 @@
 """Fail fast, with one clear error, when DDP ranks diverge."""
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -16,10 +16,81 @@ from .rank_fingerprint import (COMPARED_FIELDS, FINGERPRINT_FIELDS, UNKNOWN,
                                describe_divergence, gt_boxes_in,
                                loss_keys_hash)
 
-# Arguments this hook took before NonFiniteSkipHook did the skipping; it
-# refuses them, naming where they belong (mmddp_ext_cfg is checked the same
-# way in runner/ddp_setup.py).
+# Arguments this hook took before NonFiniteSkipHook did the skipping.
 MOVED_TO_NONFINITE_SKIP = ('skip_nonfinite', 'max_consecutive_skips')
+
+
+def refuse_moved_skip_args(args: Iterable[str],
+                           in_ext_cfg: bool = False) -> None:
+    """Refuse the arguments this hook took before ``NonFiniteSkipHook`` did
+    the skipping (:data:`MOVED_TO_NONFINITE_SKIP`), saying where they
+    belong now.
+
+    The one check for them: ``RankConsistencyHook`` calls it with the
+    arguments it does not take, and
+    :func:`~mmddp_ext.runner.ext_cfg.checked_ext_cfg` (which ``ExtRunner``
+    and the DDP doctor call) with the keys of
+    ``mmddp_ext_cfg.rank_consistency``.
+
+    Args:
+        args (Iterable[str]): The argument names given.
+        in_ext_cfg (bool): They are the keys of
+            ``mmddp_ext_cfg.rank_consistency`` (the fix is
+            ``mmddp_ext_cfg.nonfinite_skip``), not the hook's arguments
+            (the fix is a ``NonFiniteSkipHook`` in ``custom_hooks``).
+            Defaults to False.
+
+    Raises:
+        TypeError: The hook's arguments include one of them.
+        ValueError: ``mmddp_ext_cfg.rank_consistency`` sets one of them.
+    """
+    moved = sorted(set(args) & set(MOVED_TO_NONFINITE_SKIP))
+    if not moved:
+        return
+    if in_ext_cfg:
+        raise ValueError(
+            f'mmddp_ext_cfg.rank_consistency sets {moved}, but '
+            'RankConsistencyHook only checks that the ranks agree; skipping '
+            "steps with a non-finite loss is NonFiniteSkipHook's, under "
+            'mmddp_ext_cfg.nonfinite_skip. Remove them from rank_consistency '
+            'and set nonfinite_skip=dict(max_consecutive_skips=N) to skip '
+            '(N defaults to 5), or nonfinite_skip=None not to.')
+    raise TypeError(
+        f'RankConsistencyHook got {moved}, but it only checks that the '
+        'ranks agree; skipping steps with a non-finite loss is '
+        "NonFiniteSkipHook's. Remove them here and add "
+        "dict(type='NonFiniteSkipHook', max_consecutive_skips=N) to "
+        'custom_hooks (mmddp_ext_cfg.nonfinite_skip=dict(...) with '
+        'ExtRunner) to skip such steps.')
+
+
+def move_skip_args(ext_cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """``mmddp_ext_cfg`` (``ext_cfg``) with the keys
+    :func:`refuse_moved_skip_args` refuses under ``rank_consistency`` moved
+    to ``nonfinite_skip``, which takes them now: ``skip_nonfinite=False``
+    becomes ``nonfinite_skip=None``, ``max_consecutive_skips`` its key of
+    that name. A config without them comes back unchanged (a copy); the DDP
+    doctor pastes the result as the fix."""
+    moved_cfg = dict(ext_cfg)
+    checks = ext_cfg.get('rank_consistency')
+    moved = {
+        k: checks[k]
+        for k in MOVED_TO_NONFINITE_SKIP if k in checks
+    } if isinstance(checks, dict) else {}
+    if not moved:
+        return moved_cfg
+    moved_cfg['rank_consistency'] = {
+        k: v
+        for k, v in checks.items() if k not in moved
+    }
+    if moved.get('skip_nonfinite', True) is False:
+        moved_cfg['nonfinite_skip'] = None
+        return moved_cfg
+    skip = dict(moved_cfg.get('nonfinite_skip') or {})
+    if 'max_consecutive_skips' in moved:
+        skip['max_consecutive_skips'] = moved['max_consecutive_skips']
+    moved_cfg['nonfinite_skip'] = skip
+    return moved_cfg
 
 
 @HOOKS.register_module()
@@ -86,15 +157,7 @@ class RankConsistencyHook(Hook):
                  check_first: int = 10,
                  check_every: int = 50,
                  **unknown: Any) -> None:
-        moved = sorted(set(unknown) & set(MOVED_TO_NONFINITE_SKIP))
-        if moved:
-            raise TypeError(
-                f'RankConsistencyHook got {moved}, but it only checks that '
-                'the ranks agree; skipping steps with a non-finite loss is '
-                "NonFiniteSkipHook's. Remove them here and add "
-                "dict(type='NonFiniteSkipHook', max_consecutive_skips=N) to "
-                'custom_hooks (mmddp_ext_cfg.nonfinite_skip=dict(...) with '
-                'ExtRunner) to skip such steps.')
+        refuse_moved_skip_args(unknown)
         if unknown:
             raise TypeError(
                 'RankConsistencyHook got unexpected argument(s) '

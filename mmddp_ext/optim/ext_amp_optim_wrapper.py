@@ -22,7 +22,7 @@ class ExtAmpOptimWrapper(AmpOptimWrapper):
     and the scaler's skipped steps in the log.
 
     ``ExtRunner`` builds it for every ``AmpOptimWrapper`` config (see
-    :func:`~mmddp_ext.runner.ddp_setup.resolve_precision`), so CPU ranks
+    :func:`~mmddp_ext.utils.precision.resolve_precision`), so CPU ranks
     run a GPU recipe's mixed precision as mixed precision, through the same
     code as GPU ranks. It differs from ``AmpOptimWrapper``:
 

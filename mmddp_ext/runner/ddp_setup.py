@@ -1,12 +1,10 @@
 """The DDP set-up a launch of a config resolves to, decided in one place.
 
-This module is the one front door for what ``mmddp_ext_cfg`` and the
-config decide about a launch: the keys' defaults (:data:`EXT_CFG_DEFAULTS`,
-:func:`checked_ext_cfg`), whether the config is an ``ExtRunner`` one
-(:func:`opted_in`, :func:`ext_cfg_of`), the hooks ``ExtRunner`` registers
-with their arguments (:func:`ext_hooks`) and the wrapper with its
-``device_ids`` (:func:`resolve_ddp_setup`, :func:`ddp_device_ids`).
-``ExtRunner``, the DDP doctor and ``tools/train.py`` read them here. The
+The wrapper with its ``device_ids`` (:func:`resolve_ddp_setup`,
+:func:`ddp_device_ids`), ``sync_bn``, the activation-checkpointing policy,
+the train collate function and the hooks, as :class:`DDPSetup`.
+``ExtRunner.wrap_model`` and the DDP doctor read it here; what
+``mmddp_ext_cfg`` switches on is :mod:`~mmddp_ext.runner.ext_cfg`'s. The
 rules of :func:`resolve_ddp_setup`, in order:
 
 - wrapper: ``model_wrapper_cfg`` when the config sets it (a top-level
@@ -28,11 +26,12 @@ rules of :func:`resolve_ddp_setup`, in order:
 - train collate function: the dataloader's own ``collate_fn`` wins over
   ``mmddp_ext_cfg.empty_gt_guard``; stock MMEngine's is
   ``pseudo_collate``;
-- hooks: those of :func:`ext_hooks`; one the config lists itself (in
-  ``custom_hooks``) runs with the config's arguments instead.
+- hooks: those of :func:`~mmddp_ext.runner.ext_cfg.ext_hooks`; one the
+  config lists itself (in ``custom_hooks``) runs with the config's
+  arguments instead.
 
-``mmddp_ext_cfg`` takes effect only with ``ExtRunner`` (or a subclass);
-a config on another runner resolves as if every key were off.
+A config on a runner other than ``ExtRunner`` (or a subclass) resolves
+as if every ``mmddp_ext_cfg`` key were off.
 """
 import copy
 from dataclasses import dataclass, field
@@ -43,152 +42,13 @@ from mmengine.registry import HOOKS, MODEL_WRAPPERS
 from torch.nn.parallel import DistributedDataParallel
 
 from ..hooks.checkpoint_conflict_hook import CheckpointConflictHook
-from ..hooks.rank_consistency_hook import (MOVED_TO_NONFINITE_SKIP,
-                                           RankConsistencyHook)
+from ..hooks.rank_consistency_hook import RankConsistencyHook
 from ..wrappers.auto_ddp import AutoDDP
+from .ext_cfg import ext_cfg_of, ext_hooks, train_collate_cfg
 
 STOCK_WRAPPER = 'MMDistributedDataParallel'
 STOCK_COLLATE = dict(type='pseudo_collate')
 _FROM_CFG = object()
-
-# mmddp_ext_cfg keys and their values when the key is absent (documented
-# in ExtRunner's docstring and docs/design.md).
-EXT_CFG_DEFAULTS = dict(
-    auto_ddp=False,
-    checkpoint_conflict=None,
-    cpu_amp=True,
-    empty_gt_guard=None,
-    empty_gt_stats=False,
-    exact_resume=True,
-    finite_predictions=True,
-    nonfinite_skip=None,
-    preemption=dict(),
-    rank_consistency=None,
-)
-
-
-def checked_ext_cfg(
-        given: Any,
-        defaults: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """``mmddp_ext_cfg`` (``given``, None for unset) over ``defaults``
-    (:data:`EXT_CFG_DEFAULTS` unless given).
-
-    Raises:
-        TypeError: ``given`` is not a dict, or ``finite_predictions`` is
-            not a bool.
-        ValueError: ``given`` has keys ``defaults`` does not know, or
-            ``rank_consistency`` sets a key that belongs to
-            ``nonfinite_skip``.
-    """
-    defaults = EXT_CFG_DEFAULTS if defaults is None else defaults
-    given = given or {}
-    if not isinstance(given, dict):
-        raise TypeError('mmddp_ext_cfg must be a dict, but got '
-                        f'{type(given).__name__}.')
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise ValueError(
-            f'mmddp_ext_cfg has unknown key(s) {unknown}; accepted keys '
-            f'are {sorted(defaults)}.')
-    ext = dict(defaults, **given)
-    finite = ext.get('finite_predictions', True)
-    if not isinstance(finite, bool):
-        raise TypeError(
-            'mmddp_ext_cfg.finite_predictions must be True (score '
-            'non-finite predictions as misses) or False (stock '
-            f'evaluation), but got {finite!r} ({type(finite).__name__}).')
-    checks = ext.get('rank_consistency')
-    moved = sorted(
-        set(checks if isinstance(checks, dict) else ())
-        & set(MOVED_TO_NONFINITE_SKIP))
-    if moved:
-        raise ValueError(
-            f'mmddp_ext_cfg.rank_consistency sets {moved}, but '
-            'RankConsistencyHook only checks that the ranks agree; skipping '
-            "steps with a non-finite loss is NonFiniteSkipHook's, under "
-            'mmddp_ext_cfg.nonfinite_skip. Remove them from rank_consistency '
-            'and set nonfinite_skip=dict(max_consecutive_skips=N) to skip '
-            '(N defaults to 5), or nonfinite_skip=None not to.')
-    return ext
-
-
-def runner_class(cfg) -> Optional[type]:
-    """The class ``cfg.runner_type`` names (``Runner`` when unset), looked
-    up in the config's ``default_scope``; None when no registry knows it."""
-    from mmengine.registry import RUNNERS
-    runner_type = cfg.get('runner_type') or 'Runner'
-    if isinstance(runner_type, type):
-        return runner_type
-    with RUNNERS.switch_scope_and_registry(
-            cfg.get('default_scope')) as registry:
-        cls = registry.get(runner_type)
-    return cls if isinstance(cls, type) else None
-
-
-def opted_in(cfg) -> bool:
-    """Whether ``mmddp_ext_cfg`` takes effect for ``cfg``: its runner is
-    ``ExtRunner`` or derives from it (the runner says so in its class
-    attribute ``reads_mmddp_ext_cfg``, which subclasses inherit, so this
-    module, which ``ExtRunner`` imports, need not import it back)."""
-    cls = runner_class(cfg)
-    return (isinstance(cls, type)
-            and getattr(cls, 'reads_mmddp_ext_cfg', False) is True)
-
-
-def ext_cfg_of(cfg, strict: bool = True) -> Optional[Dict[str, Any]]:
-    """``cfg``'s ``mmddp_ext_cfg`` with its defaults, checked; None when
-    the runner is not an ``ExtRunner`` (every key off).
-
-    Args:
-        cfg (Config): The config.
-        strict (bool): Raise on an invalid ``mmddp_ext_cfg``, as
-            ``ExtRunner`` does at start-up; False gives the defaults
-            instead (the DDP doctor reports the error in a check of its
-            own). Defaults to True.
-    """
-    if not opted_in(cfg):
-        return None
-    try:
-        return checked_ext_cfg(cfg.get('mmddp_ext_cfg'))
-    except (TypeError, ValueError):
-        if strict:
-            raise
-        return dict(EXT_CFG_DEFAULTS)
-
-
-def ext_hooks(
-        ext_cfg: Optional[Dict[str, Any]]) -> List[Tuple[str, Dict[str, Any]]]:
-    """The hooks ``ExtRunner`` registers beside the config's, as ``(type
-    name, keyword arguments)``, in this order: ``SafeCheckpointHook`` and
-    ``RankStatusHook`` always, then those ``ext_cfg`` switches on.
-
-    Args:
-        ext_cfg (dict, optional): ``mmddp_ext_cfg`` as
-            :func:`checked_ext_cfg` gives it; None for a runner that is not
-            an ``ExtRunner`` (no hooks).
-
-    ``ExtRunner.register_hooks`` leaves out a hook whose type the runner
-    already has (the config's, which keeps the config's arguments).
-    """
-    if ext_cfg is None:
-        return []
-    hooks: List[Tuple[str, Dict[str, Any]]] = [('SafeCheckpointHook', {}),
-                                               ('RankStatusHook', {})]
-    if ext_cfg['checkpoint_conflict'] is not None:
-        hooks.append(('CheckpointConflictHook',
-                      dict(policy=ext_cfg['checkpoint_conflict'])))
-    if ext_cfg['empty_gt_stats']:
-        hooks.append(('EmptyGTStatsHook', {}))
-    if ext_cfg['finite_predictions']:
-        hooks.append(('FinitePredictionsHook', {}))
-    if ext_cfg['rank_consistency'] is not None:
-        hooks.append(('RankConsistencyHook',
-                      dict(ext_cfg['rank_consistency'])))
-    if ext_cfg['nonfinite_skip'] is not None:
-        hooks.append(('NonFiniteSkipHook', dict(ext_cfg['nonfinite_skip'])))
-    if ext_cfg['preemption'] is not None:
-        hooks.append(('PreemptionHook', dict(ext_cfg['preemption'])))
-    return hooks
 
 
 def ddp_device_ids(device: Union[str, torch.device]) -> Optional[List[int]]:
@@ -243,17 +103,6 @@ def wrapper_cfg(model_wrapper_cfg: Optional[dict], auto_ddp: bool,
     resolved = copy.deepcopy(dict(model_wrapper_cfg))
     resolved.setdefault('type', STOCK_WRAPPER)
     return resolved
-
-
-def train_collate_cfg(loader_cfg: Optional[dict],
-                      ext_cfg: Dict[str, Any]) -> Optional[dict]:
-    """The train ``collate_fn`` config in effect; None for the dataloader's
-    default (``pseudo_collate``)."""
-    collate = (loader_cfg or {}).get('collate_fn')
-    guard = ext_cfg.get('empty_gt_guard')
-    if collate is None and guard is not None:
-        collate = dict(type='empty_gt_guard_collate', **guard)
-    return collate
 
 
 @dataclass
@@ -364,93 +213,3 @@ def resolve_ddp_setup(cfg,
             or listed_hook(cfg, RankConsistencyHook) is not None),
         collate=dict(collate or STOCK_COLLATE),
         hooks=hooks)
-
-
-# Keys only AmpOptimWrapper takes.
-AMP_ONLY_KEYS = ('loss_scale', 'dtype', 'use_fsdp')
-# AmpOptimWrapper dtypes ExtAmpOptimWrapper runs (None: float16).
-AMP_DTYPES = (None, 'float16', 'bfloat16', torch.float16, torch.bfloat16)
-
-
-@dataclass
-class Precision:
-    """How a launch on a device runs a config's ``optim_wrapper``.
-
-    Args:
-        optim_wrapper (dict | Any): The config to build (a copy where it
-            changed; the given object where not).
-        amp (bool): Mixed precision runs (autocast and a loss scaler).
-        dtype (str): ``'float16'``, ``'bfloat16'`` or ``'float32'``.
-        device (str): The device it was resolved for.
-        reason (str): Why, for the log; empty when the config runs as
-            written with no AMP involved.
-    """
-    optim_wrapper: Any
-    amp: bool
-    dtype: str
-    device: str
-    reason: str = ''
-
-    def describe(self) -> str:
-        if not self.amp:
-            return f'float32 on {self.device}' + (
-                f' ({self.reason})' if self.reason else '')
-        return (f'mixed precision on {self.device}: {self.dtype} autocast '
-                f'with a loss scaler ({self.reason})')
-
-
-def resolve_precision(optim_wrapper: Any, device: str,
-                      cpu_amp: bool = True) -> Precision:
-    """The precision a launch on ``device`` trains ``optim_wrapper`` in.
-
-    An ``AmpOptimWrapper`` config (that exact type: a subclass is the
-    user's own and runs as written) builds
-    :class:`~mmddp_ext.optim.ExtAmpOptimWrapper` on CPU and CUDA ranks,
-    so both run mixed precision through the same code; on CPU ranks with
-    ``cpu_amp=False`` (``mmddp_ext_cfg.cpu_amp``) it builds a float32
-    ``OptimWrapper`` instead (its AMP-only keys dropped). Other wrappers,
-    devices and dtypes run as written.
-
-    Args:
-        optim_wrapper (dict | Any): The config's ``optim_wrapper``.
-        device (str): ``'cpu'``, ``'cuda'`` or another MMEngine device.
-        cpu_amp (bool): Run AMP on CPU ranks. Defaults to True.
-
-    Raises:
-        TypeError: ``cpu_amp`` is not a bool.
-    """
-    from mmengine.optim import AmpOptimWrapper
-    from mmengine.registry import OPTIM_WRAPPERS
-    if not isinstance(cpu_amp, bool):
-        raise TypeError(
-            'mmddp_ext_cfg.cpu_amp must be True (AmpOptimWrapper configs '
-            'train in mixed precision on CPU ranks too) or False (float32 '
-            f'on CPU ranks), but got {cpu_amp!r} ({type(cpu_amp).__name__}).')
-    kind = (optim_wrapper.get('type', 'OptimWrapper') if isinstance(
-        optim_wrapper, dict) else None)
-    cls = OPTIM_WRAPPERS.get(kind) if isinstance(kind, str) else kind
-    if not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)):
-        return Precision(optim_wrapper, False, 'float32', device)
-    dtype = optim_wrapper.get('dtype', None)
-    name = 'float16' if dtype is None else str(dtype).replace('torch.', '')
-    runs_ext = (cls is AmpOptimWrapper and dtype in AMP_DTYPES
-                and device in ('cpu', 'cuda'))
-    if runs_ext and (device != 'cpu' or cpu_amp):
-        built = type(optim_wrapper)(optim_wrapper)
-        built['type'] = 'ExtAmpOptimWrapper'
-        return Precision(built, True, name, device,
-                         'AmpOptimWrapper built as ExtAmpOptimWrapper')
-    if device != 'cpu':
-        return Precision(optim_wrapper, True, name, device,
-                         f'{getattr(cls, "__name__", cls)} as configured')
-    plain: Dict[str, Any] = {
-        k: v
-        for k, v in optim_wrapper.items() if k not in AMP_ONLY_KEYS
-    }
-    plain['type'] = 'OptimWrapper'
-    why = ('mmddp_ext_cfg.cpu_amp=False' if runs_ext else
-           f'{getattr(cls, "__name__", cls)} with dtype {dtype!r} runs on '
-           'GPUs only; ExtAmpOptimWrapper runs AmpOptimWrapper configs '
-           'with dtype float16 or bfloat16 on CPU ranks')
-    return Precision(type(optim_wrapper)(plain), False, 'float32', device,
-                     f'{why}: AmpOptimWrapper ran as OptimWrapper')

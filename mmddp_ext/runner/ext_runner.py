@@ -23,16 +23,17 @@ from ..launch.process_group import (check_launch_environment, init_distributed,
                                     rank_device)
 from ..utils.checkpoint_safety import safe_checkpoint_loading
 from ..utils.class_count_check import check_class_counts
+from ..utils.precision import resolve_precision
 from ..utils.run_record import read_record, write_record
 from ..utils.text import log_on_every_rank
 from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
                                          read_need)
-from .ddp_setup import (checked_ext_cfg, ext_hooks, resolve_ddp_setup,
-                        resolve_precision, train_collate_cfg)
+from .ddp_setup import resolve_ddp_setup
 from .exact_resume import (position_meta, prepare_loop, resumable_loader_cfg,
                            resumable_loop_cfg, resume_data)
+from .ext_cfg import checked_ext_cfg, ext_hooks, train_collate_cfg
 from .formatted_once_config import FormattedOnceConfig
 from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
                           choose_start, peek_is_training_checkpoint,
@@ -68,8 +69,9 @@ class ExtRunner(Runner):
       once; the class-count check first; ``'mmddp_ext'`` in the dump.
     - ``setup_env``, ``wrap_model``, ``build_optim_wrapper``: launch checks,
       gloo or NCCL with a bounded timeout, the DDP set-up and AMP recipes
-      as :mod:`~mmddp_ext.runner.ddp_setup` rules.
-    - ``register_hooks``: :func:`~mmddp_ext.runner.ddp_setup.ext_hooks`.
+      as :mod:`~mmddp_ext.runner.ddp_setup` and
+      :mod:`~mmddp_ext.utils.precision` rule.
+    - ``register_hooks``: :func:`~mmddp_ext.runner.ext_cfg.ext_hooks`.
     - ``build_train_loop``, ``save_checkpoint``, ``load_checkpoint``:
       resumable loops, atomic weights-only checkpoints with the position.
     - ``load_or_resume``, ``train``, ``val``, ``test``: one start rule for
@@ -78,11 +80,11 @@ class ExtRunner(Runner):
 
     Config keys besides ``Runner``'s: ``resume`` (also ``'auto'``),
     ``trusted_checkpoints`` and ``mmddp_ext_cfg`` (defaults in
-    :data:`~mmddp_ext.runner.ddp_setup.EXT_CFG_DEFAULTS`); docs/design.md
+    :data:`~mmddp_ext.runner.ext_cfg.EXT_CFG_DEFAULTS`); docs/design.md
     and docs/cluster.md have each method and key.
     """
 
-    # ddp_setup.opted_in: this runner, and every runner derived from it,
+    # ext_cfg.opted_in: this runner, and every runner derived from it,
     # reads mmddp_ext_cfg.
     reads_mmddp_ext_cfg = True
 
@@ -268,7 +270,7 @@ class ExtRunner(Runner):
         runs mixed precision on CPU ranks too (MMEngine's refuses them)
         through the code GPU ranks run, or a float32 ``OptimWrapper`` on
         CPU ranks with ``mmddp_ext_cfg.cpu_amp=False``
-        (:func:`~mmddp_ext.runner.ddp_setup.resolve_precision`). The log
+        (:func:`~mmddp_ext.utils.precision.resolve_precision`). The log
         says which precision trains."""
         if isinstance(optim_wrapper, dict):
             precision = resolve_precision(optim_wrapper, get_device(),
@@ -285,7 +287,7 @@ class ExtRunner(Runner):
             default_hooks: Optional[Dict[str, Union[Hook, Dict]]] = None,
             custom_hooks: Optional[List[Union[Hook, Dict]]] = None) -> None:
         """Differs from ``Runner.register_hooks``: adds the hooks of
-        :func:`~mmddp_ext.runner.ddp_setup.ext_hooks` (``SafeCheckpointHook``,
+        :func:`~mmddp_ext.runner.ext_cfg.ext_hooks` (``SafeCheckpointHook``,
         ``RankStatusHook`` and those ``mmddp_ext_cfg`` switches on), each
         unless the runner has one of its type already (listed in the
         config: that one keeps the config's arguments)."""

@@ -12,7 +12,7 @@ from mmengine.logging import MessageHub
 from mmddp_ext.optim import ExtAmpOptimWrapper
 from mmddp_ext.optim.ext_amp_optim_wrapper import (LOSS_SCALE_SCALAR,
                                                    SCALER_SKIPS_SCALAR)
-from mmddp_ext.runner.ddp_setup import resolve_precision
+from mmddp_ext.utils.precision import resolve_precision
 
 DEVICE = 'cuda' if torch.cuda.is_available() else 'cpu'
 

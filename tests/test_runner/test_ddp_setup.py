@@ -9,10 +9,10 @@ from mmengine.runner import Runner
 
 import mmddp_ext  # noqa: F401  (registers the wrappers and hooks)
 from mmddp_ext.runner import ExtRunner
-from mmddp_ext.runner.ddp_setup import (EXT_CFG_DEFAULTS, checked_ext_cfg,
-                                        ddp_device_ids, ext_cfg_of, ext_hooks,
-                                        opted_in, resolve_ddp_setup,
+from mmddp_ext.runner.ddp_setup import (ddp_device_ids, resolve_ddp_setup,
                                         wrapper_cfg)
+from mmddp_ext.runner.ext_cfg import (EXT_CFG_DEFAULTS, checked_ext_cfg,
+                                      ext_cfg_of, ext_hooks, opted_in)
 from ..helpers import ToyModel
 
 ON = dict(EXT_CFG_DEFAULTS, auto_ddp=True, checkpoint_conflict='disable',

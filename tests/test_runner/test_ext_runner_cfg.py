@@ -1,7 +1,7 @@
 """``mmddp_ext_cfg`` is checked when ``ExtRunner`` is built."""
 import pytest
 
-from mmddp_ext.runner.ddp_setup import EXT_CFG_DEFAULTS
+from mmddp_ext.runner.ext_cfg import EXT_CFG_DEFAULTS
 from mmddp_ext.runner.ext_runner import ExtRunner
 from ..helpers import ToyModel
 
