@@ -126,6 +126,26 @@ def test_zero_positives_give_one_bounded_loss():
     assert not torch.allclose(safe, rtdetr, rtol=1e-3)
 
 
+def test_the_ports_divide_by_avg_factor_itself_and_mmdet_adds_eps():
+    """What the docstrings say about the divisor: RT-DETR's and DEIM's
+    losses divide the summed map by ``avg_factor`` (upstream's box count),
+    ``SafeVarifocalLoss`` by mmdet's ``avg_factor + eps``. In float64 the
+    two divisors give different values, so each equality can fail."""
+    logits = _logits().double()
+    target = _targets().double()
+    avg_factor = 2.0
+    eps = torch.finfo(torch.float32).eps
+    for name, loss in _losses().items():
+        summed = loss.loss_map(logits, target).sum()
+        divisor = avg_factor + eps if name == 'SafeVarifocalLoss' \
+            else avg_factor
+        value = loss(logits, target, avg_factor=avg_factor)
+        assert value.dtype == torch.float64, name
+        assert torch.equal(value, summed / divisor), name
+        assert not torch.equal(summed / avg_factor, summed /
+                               (avg_factor + eps)), name
+
+
 def test_the_maps_agree_on_binary_targets_and_differ_on_fractional():
     """Targets 0 or 1: weight 1 and target 1 for a match in all three, so
     the values agree. A fractional IoU t: the varifocal losses weight the
