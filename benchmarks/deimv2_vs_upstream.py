@@ -23,8 +23,9 @@ the zero-initialised heads predict something); DINOv3's ``bias_mask``
 then every BatchNorm's running statistics are those of a calibration batch
 (two 640-px images, upstream in train mode with ``momentum=None``), so
 that the activations have the size a trained model's have. Upstream's
-state dict is saved, converted with tools/convert_deimv2_checkpoint.py and
-loaded into the port with ``strict=True``.
+state dict is saved, converted by the DEIMv2 package's
+``convert_deimv2_state_dict`` (what tools/convert_deimv2_checkpoint.py
+runs) and loaded into the port with ``strict=True``.
 
 Equivalence (relative error: max |a - ref| / max |ref| over the paired
 queries). Float64 is the models' ``.double()`` with the default dtype
@@ -89,6 +90,7 @@ ratio of the wall-clock medians:
 """
 import argparse
 import copy
+import importlib
 import json
 import os
 import os.path as osp
@@ -102,6 +104,7 @@ from _common import REPO_ROOT
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from mmddp_ext.utils import build_reference_model
 from mmddp_ext.utils.torch_private import BatchNormBase
 
 ENV = 'DEIMV2_UPSTREAM'
@@ -152,12 +155,15 @@ def config_paths(root: str, size: str):
 
 
 def _import_helpers():
+    """Upstream's builders (the DEIMv2 tests' helper), and the RT-DETR and
+    DEIMv2 packages under the names the configs' ``custom_imports`` give
+    them."""
     sys.path.insert(
         0, osp.join(REPO_ROOT, 'tests', 'test_projects', 'test_deimv2'))
-    sys.path.insert(0, osp.join(REPO_ROOT, 'tools'))
-    import convert_deimv2_checkpoint
     import upstream_deimv2
-    return upstream_deimv2, convert_deimv2_checkpoint
+    return (upstream_deimv2,
+            importlib.import_module('projects.RT-DETR.rtdetr'),
+            importlib.import_module('projects.DEIMv2.deimv2'))
 
 
 def _batch(num_gts, seed):
@@ -241,7 +247,7 @@ def build_pair(root: str, size: str, cached_eval: bool):
         cached_eval (bool): Keep upstream's ``eval_spatial_size`` (its
             anchors and position embeddings computed once, in float32).
     """
-    upstream_deimv2, converter = _import_helpers()
+    upstream_deimv2, rtdetr, port = _import_helpers()
     yml, port_config = config_paths(root, size)
     overrides = {
         'HGNetv2': {
@@ -262,11 +268,11 @@ def build_pair(root: str, size: str, cached_eval: bool):
     with tempfile.TemporaryDirectory() as tmp:
         path = osp.join(tmp, f'deimv2_{size}.pth')
         torch.save({'model': theirs.state_dict()}, path)
-        state, _ = converter.select_state_dict(
+        state, _ = rtdetr.select_upstream_weights(
             torch.load(path, weights_only=True))
-    ours = converter.reference_model(port_config)
+    ours = build_reference_model(port_config)
     ours.load_state_dict(
-        converter.convert_detector_state_dict(state, ours, log=lambda _: None),
+        port.convert_deimv2_state_dict(state, ours, log=lambda _: None),
         strict=True)
     return theirs, criterion, ours.eval()
 

@@ -11,8 +11,10 @@ Upstream's model and criterion are built by its own code from its YAML
 construction does not need are stubbed, see
 tests/test_projects/test_dfine/upstream_dfine.py). Every upstream weight
 is perturbed from its init (so that the zero-initialised heads predict
-something), saved, converted with tools/convert_dfine_checkpoint.py and
-loaded into the port's ``configs/_base_/dfine_hgnetv2_{size}.py`` model.
+something), saved, converted by the D-FINE package's
+``convert_dfine_state_dict`` (what tools/convert_dfine_checkpoint.py runs)
+and loaded into the port's ``configs/_base_/dfine_hgnetv2_{size}.py``
+model.
 Each size runs in its own process (upstream's config loader keeps state).
 
 Equivalence (relative: max |port - upstream| / max |upstream|):
@@ -36,6 +38,7 @@ wall clock, and the ratio of the wall-clock minima:
              AdamW step.
 """
 import argparse
+import importlib
 import json
 import os
 import os.path as osp
@@ -59,12 +62,14 @@ def _relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 
 
 def _import_port():
+    """Upstream's builders (the D-FINE tests' helper), and the RT-DETR and
+    D-FINE packages under the names the configs' ``custom_imports`` give
+    them (their directories have hyphens)."""
     sys.path.insert(
         0, osp.join(REPO_ROOT, 'tests', 'test_projects', 'test_dfine'))
-    sys.path.insert(0, osp.join(REPO_ROOT, 'tools'))
-    import convert_dfine_checkpoint
     import upstream_dfine
-    return upstream_dfine, convert_dfine_checkpoint
+    return (upstream_dfine, importlib.import_module('projects.RT-DETR.rtdetr'),
+            importlib.import_module('projects.D-FINE.dfine'))
 
 
 def _perturb(state: dict, seed: int = 1) -> None:
@@ -85,7 +90,8 @@ def _perturb(state: dict, seed: int = 1) -> None:
 def build_pair(root: str, size: str):
     """Upstream's model and criterion, and the port's model with the same
     (perturbed, converted) weights."""
-    upstream_dfine, converter = _import_port()
+    from mmddp_ext.utils import build_reference_model
+    upstream_dfine, rtdetr, port = _import_port()
     upstream = upstream_dfine.load_upstream(root)
     built = upstream_dfine.build_from_yaml(
         upstream,
@@ -98,16 +104,16 @@ def build_pair(root: str, size: str):
     with tempfile.TemporaryDirectory() as tmp:
         path = osp.join(tmp, f'dfine_{size}.pth')
         torch.save({'model': theirs.state_dict()}, path)
-        state, _ = converter.select_state_dict(
+        state, _ = rtdetr.select_upstream_weights(
             torch.load(path, weights_only=True))
     config = osp.join(REPO_ROOT, 'projects', 'D-FINE', 'configs', '_base_',
                       f'dfine_hgnetv2_{size}.py')
-    ours = converter.reference_model(config)
+    ours = build_reference_model(config)
     ours.load_state_dict(
-        converter.convert_state_dict(
+        port.convert_dfine_state_dict(
             state,
             ours.state_dict(),
-            converter.model_num_points(ours),
+            port.decoder_num_points(ours),
             log=lambda _: None),
         strict=True)
     return theirs, criterion, ours

@@ -20,7 +20,8 @@ Models and their upstream side:
   (``configs/rtdetrv2/rtdetrv2_r{18,50}vd_*.yml``, includes resolved, the
   ``__share__`` keys passed as upstream's ``create`` does), its criterion
   and post-processor, against the port's ``rtdetrv2_*`` config; upstream's
-  weights converted by ``tools/convert_rtdetr_checkpoint.py``. A batch of
+  weights converted by the RT-DETR package's ``convert_rtdetr_state_dict``
+  (what ``tools/convert_rtdetr_checkpoint.py`` runs). A batch of
   four 640 x 640 images with 8 boxes each (the port without multi-scale
   batch resizing, as upstream's training step sees a fixed batch).
 
@@ -395,9 +396,9 @@ def rtdetr_port(config: str, upstream_state: dict, device):
     from mmengine.registry import init_default_scope
     from mmengine.utils import import_modules_from_strings
 
-    from tools.convert_rtdetr_checkpoint import convert_state_dict
     cfg = Config.fromfile(config)
     import_modules_from_strings(**cfg.custom_imports)
+    rtdetr = importlib.import_module('projects.RT-DETR.rtdetr')
     init_default_scope('mmdet')
     model_cfg = cfg.model
     model_cfg.backbone.init_cfg = None
@@ -405,7 +406,7 @@ def rtdetr_port(config: str, upstream_state: dict, device):
     model_cfg.data_preprocessor.batch_augments = None
     model = MODELS.build(model_cfg).to(device)
     reference = model.state_dict()
-    converted = convert_state_dict(
+    converted = rtdetr.convert_rtdetr_state_dict(
         upstream_state, reference=reference, log=lambda line: None)
     model.load_state_dict(converted, strict=False)
     return model

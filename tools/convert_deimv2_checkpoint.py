@@ -35,154 +35,26 @@ of a shared branch, and, with ``--config``, on ViT keys or shapes that
 differ from the config's ViT.
 """
 import argparse
-import importlib.util
 import os.path as osp
-import re
 import sys
-from typing import Callable, Dict, Optional
+from importlib import import_module
+from typing import List, Optional
 
-import torch
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    # The conversion lives in projects/DEIMv2, imported from the root.
+    sys.path.insert(0, REPO_ROOT)
 
+from mmddp_ext.utils import checkpoint_conversion  # noqa: E402
 
-def _sibling(name: str):
-    """Import a script of this folder by file (tools/ is no package)."""
-    path = osp.join(osp.dirname(osp.abspath(__file__)), f'{name}.py')
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# D-FINE's converter: the same decoder names, the same checkpoint handling.
-_dfine = _sibling('convert_dfine_checkpoint')
-ConversionError = _dfine.ConversionError
-load_checkpoint = _dfine.load_checkpoint
-save_converted = _dfine.save_converted
-select_state_dict = _dfine.select_state_dict
-reference_model = _dfine.reference_model
-model_num_points = _dfine.model_num_points
-is_hgnetv2_checkpoint = _dfine.is_backbone_checkpoint
-_check_against = _dfine._rtdetr._check_against
-_strip_module = _dfine._rtdetr._strip_module
-
-VIT_KEY = re.compile(r'(blocks\.\d+\.|patch_embed\.|cls_token$)')
-BRANCH = re.compile(r'^decoder\.(dec_bbox_head|dec_score_head)\.(\d+)\.(.+)$')
+# Under the names the configs' custom_imports give the packages (their
+# directories have hyphens), so that their components register once.
+rtdetr = import_module('projects.RT-DETR.rtdetr')
+dfine = import_module('projects.D-FINE.dfine')
+deimv2 = import_module('projects.DEIMv2.deimv2')
 
 
-def is_vit_checkpoint(upstream: Dict[str, torch.Tensor]) -> bool:
-    """True for a backbone-only ViT file (no detector prefix)."""
-    keys = [_strip_module(k) for k in upstream]
-    return any(VIT_KEY.match(k) for k in keys) and not any(
-        k.startswith(('backbone.', 'encoder.', 'decoder.')) for k in keys)
-
-
-def _shared_copy_problems(upstream: Dict[str, torch.Tensor], model) -> list:
-    """Upstream keys of one shared branch (the model lists one module
-    under several indices) that differ from index 0's."""
-    if model is None:
-        return []
-    shared = {
-        'dec_bbox_head': model.bbox_head.reg_branches,
-        'dec_score_head': model.bbox_head.cls_branches
-    }
-    problems = []
-    for key, value in upstream.items():
-        match = BRANCH.match(_strip_module(key))
-        if not match or match[2] == '0':
-            continue
-        branches = shared[match[1]]
-        if branches[int(match[2])] is not branches[0]:
-            continue
-        first = upstream.get(f'decoder.{match[1]}.0.{match[3]}')
-        if first is None or not torch.equal(first, value):
-            problems.append(
-                f'{key} differs from decoder.{match[1]}.0.{match[3]}, but '
-                'the config shares this branch (share_bbox_head / '
-                'share_score_head): use the config of the same model size.')
-    return problems
-
-
-def convert_detector_state_dict(
-        upstream: Dict[str, torch.Tensor],
-        model=None,
-        log: Callable[[str], None] = print) -> Dict[str, torch.Tensor]:
-    """A DEIMv2 detector state dict in the port's names.
-
-    Args:
-        upstream (dict): Upstream state dict.
-        model (DEIMv2, optional): The config's model; when given, every
-            shape, the sampling points and the shared branches are checked
-            and every model key must be produced.
-        log (callable): Receives one line per key.
-
-    Returns:
-        dict: The converted state dict.
-
-    Raises:
-        ConversionError: listing every problem at once.
-    """
-    problems = _shared_copy_problems(upstream, model)
-    if problems:
-        raise ConversionError('DEIMv2 checkpoint conversion failed:\n  ' +
-                              '\n  '.join(problems))
-    return _dfine.convert_state_dict(upstream, model and model.state_dict(),
-                                     model and model_num_points(model), log)
-
-
-def convert_vit_state_dict(
-        upstream: Dict[str, torch.Tensor],
-        reference: Optional[Dict[str, torch.Tensor]] = None,
-        log: Callable[[str], None] = print) -> Dict[str, torch.Tensor]:
-    """A ViT file, checked (names are unchanged).
-
-    Args:
-        upstream (dict): The ViT state dict.
-        reference (dict, optional): ``model.backbone.vit.state_dict()``.
-        log (callable): Receives one line per key.
-
-    Returns:
-        dict: The ViT state dict.
-    """
-    converted = {_strip_module(k): v for k, v in upstream.items()}
-    for key, value in converted.items():
-        log(f'keep  {key} {tuple(value.shape)}')
-    if reference is not None:
-        problems = _check_against(converted, reference)
-        if problems:
-            raise ConversionError(
-                'DEIMv2 ViT file check failed (is it the file of this '
-                'size? S: vitt_distill.pt, M: vittplus_distill.pt, L: '
-                'dinov3_vits16, X: dinov3_vits16plus):\n  ' +
-                '\n  '.join(problems))
-    return converted
-
-
-def convert_hgnetv2_state_dict(
-        upstream: Dict[str, torch.Tensor],
-        reference: Optional[Dict[str, torch.Tensor]] = None,
-        log: Callable[[str], None] = print) -> Dict[str, torch.Tensor]:
-    """An ImageNet HGNetv2 file; with a ``reference`` (the config's
-    backbone state dict) only the keys it has with the same shape are
-    kept, as upstream loads B0's file into Atto, Femto and Pico."""
-    converted = {_strip_module(k): v for k, v in upstream.items()}
-    if reference is None:
-        return converted
-    kept = {}
-    for key, value in converted.items():
-        if key in reference and reference[key].shape == value.shape:
-            kept[key] = value
-            log(f'keep  {key} {tuple(value.shape)}')
-        else:
-            log(f'drop  {key} {tuple(value.shape)} (not in this backbone '
-                'or another shape)')
-    if not kept:
-        raise ConversionError(
-            'DEIMv2 HGNetv2 file: no key matches the config\'s backbone; '
-            'pass the config of a HGNetv2 size.')
-    return kept
-
-
-def parse_args():
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,32 +71,36 @@ def parse_args():
         action='store_true',
         help='load the source with weights_only=False (only for files you '
         'trust, if the safe loader refuses it)')
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
     try:
-        checkpoint = load_checkpoint(args.src, args.trust_pickle)
-        upstream, source = select_state_dict(checkpoint)
-        model = reference_model(args.config) if args.config else None
-        if is_vit_checkpoint(upstream):
+        checkpoint = checkpoint_conversion.load_upstream_checkpoint(
+            args.src, args.trust_pickle)
+        upstream, source = rtdetr.select_upstream_weights(checkpoint)
+        model = (
+            checkpoint_conversion.build_reference_model(args.config)
+            if args.config else None)
+        if deimv2.is_vit_checkpoint(upstream):
             print(f'converting {len(upstream)} tensors (ViT) from {source}')
-            converted = convert_vit_state_dict(
+            converted = deimv2.convert_deimv2_vit_state_dict(
                 upstream, model and model.backbone.vit.state_dict())
-        elif is_hgnetv2_checkpoint(upstream):
+        elif dfine.is_hgnetv2_checkpoint(upstream):
             print(f'converting {len(upstream)} tensors (HGNetv2) from '
                   f'{source}')
-            converted = convert_hgnetv2_state_dict(
+            converted = deimv2.convert_deimv2_hgnetv2_state_dict(
                 upstream, model and model.backbone.state_dict())
         else:
             print(f'converting {len(upstream)} tensors (DEIMv2) from '
                   f'{source}')
-            converted = convert_detector_state_dict(upstream, model)
-    except ConversionError as error:
+            converted = deimv2.convert_deimv2_state_dict(upstream, model)
+    except checkpoint_conversion.CheckpointConversionError as error:
         print(error, file=sys.stderr)
         return 1
-    save_converted(converted, args.dst, args.src, source)
+    checkpoint_conversion.save_converted_checkpoint(converted, args.dst,
+                                                    args.src, source, print)
     return 0
 
 

@@ -1,54 +1,49 @@
 """Which DDP-safe detector and head classes a DINO-family config should
-name: read from the MRO of the classes the config builds.
+name: read from mmdet's ``MODELS`` registry and the MRO of the classes the
+config builds.
 
 The doctor's paste line for a rank whose batch has no GT must keep the
 detector the user chose: a D-FINE model whose denoising was changed
-becomes ``DFINE`` again, not mmdet's DINO. The nearest ancestor that this
-package ships (mmddp_ext itself, or a port under the ``projects/`` folder
-beside it) and that derives from :class:`DDPSafeDINO` /
-:class:`DDPSafeDINOHead` is the class whose behaviour on GT-less batches
-is tested here; mmdet's own DINO classes fall back to those two.
+becomes ``DFINE`` again, not mmdet's DINO. The class named is the nearest
+one in the MRO that derives from :class:`DDPSafeDINO` /
+:class:`DDPSafeDINOHead`, is registered in ``MODELS`` under its own name
+(so the pasted ``type`` builds it), and declares in its own class body
+that its behaviour on GT-less batches is the DDP-safe one
+(``ddp_safe_empty_gt = True``). mmddp_ext's two classes declare it, and so
+does each model port that a config's ``custom_imports`` registers; a
+subclass that does not (a user's, or a probe that restores upstream's
+empty-batch behaviour) falls back to its nearest declared ancestor, and
+mmdet's own DINO classes to mmddp_ext's two. Nothing is looked up on disk
+and nothing here imports a port: whatever registered a class is the
+config's business.
 """
-import inspect
-import os.path as osp
 from typing import Optional, Tuple
 
 import torch.nn as nn
 
-PACKAGE = 'mmddp_ext'
 DETECTOR = 'DDPSafeDINO'
 HEAD = 'DDPSafeDINOHead'
+# Set to True in the body of a class whose own GT-less path is DDP-safe.
+MARKER = 'ddp_safe_empty_gt'
 
 
-def _shipped(cls: type) -> bool:
-    """Whether ``cls`` is this package's: in ``mmddp_ext`` or in a port
-    under a ``projects/`` folder that sits beside the ``mmddp_ext``
-    package (this repository's layout)."""
-    if cls.__module__.split('.')[0] == PACKAGE:
-        return True
-    try:
-        path = inspect.getsourcefile(cls)
-    except TypeError:  # a built-in
-        return False
-    if not path:
-        return False
-    folder = osp.dirname(osp.abspath(path))
-    while True:
-        parent = osp.dirname(folder)
-        if parent == folder:
-            return False
-        if osp.basename(folder) == 'projects':
-            return osp.isfile(osp.join(parent, PACKAGE, '__init__.py'))
-        folder = parent
+def declares_ddp_safe(cls: type) -> bool:
+    """Whether ``cls`` itself, not an ancestor it inherits the attribute
+    from, sets ``ddp_safe_empty_gt = True``: a subclass may change the
+    behaviour it inherits, so it has to declare the marker again."""
+    return vars(cls).get(MARKER) is True
 
 
 def nearest_shipped(cls: type, base: type) -> Optional[str]:
     """The registered name of the first class in ``cls``'s MRO that
-    derives from ``base`` and that this package ships (None if none)."""
+    derives from ``base``, declares itself DDP-safe
+    (:func:`declares_ddp_safe`) and is what mmdet's ``MODELS`` builds
+    under its name (None if there is none)."""
     from mmdet.registry import MODELS
     for klass in cls.__mro__:
         if (isinstance(klass, type) and issubclass(klass, base)
-                and _shipped(klass) and MODELS.get(klass.__name__) is klass):
+                and declares_ddp_safe(klass)
+                and MODELS.get(klass.__name__) is klass):
             return klass.__name__
     return None
 

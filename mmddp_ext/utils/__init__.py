@@ -1,3 +1,11 @@
+from .checkpoint_conversion import (CheckpointConversionError,
+                                    build_reference_model,
+                                    check_against_reference,
+                                    convert_submodule_state_dict,
+                                    fill_num_batches_tracked,
+                                    load_upstream_checkpoint,
+                                    save_converted_checkpoint,
+                                    strip_module_prefix)
 from .checkpoint_safety import (UnsafeCheckpointError, load_checkpoint_file,
                                 safe_checkpoint_loading, to_plain)
 from .class_count_check import check_class_counts, check_config_class_counts
@@ -7,5 +15,9 @@ from .precision import full_precision
 __all__ = [
     'UnsafeCheckpointError', 'load_checkpoint_file', 'safe_checkpoint_loading',
     'to_plain', 'check_class_counts', 'check_config_class_counts',
-    'check_coco_file', 'check_config_annotations', 'full_precision'
+    'check_coco_file', 'check_config_annotations', 'full_precision',
+    'CheckpointConversionError', 'build_reference_model',
+    'check_against_reference', 'convert_submodule_state_dict',
+    'fill_num_batches_tracked', 'load_upstream_checkpoint',
+    'save_converted_checkpoint', 'strip_module_prefix'
 ]

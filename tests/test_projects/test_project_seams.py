@@ -1,19 +1,15 @@
 """The seams between the model ports: a port built on another varies it
-through constructor arguments and builder methods, and reaches it only
-through its package's public names.
+through constructor arguments and builder methods.
 
 - DEIM's RT-DETRv2 decoder layers are RT-DETR's ``RTDETRDecoderLayer``
   with ``activation='silu'``: no forward of DEIM's own.
 - ``DFINEHybridEncoder`` overrides only ``HybridEncoder``'s ``_build_*``
   methods: no ``__init__`` or ``forward`` of its own.
-- No file of a project package imports another project's internal module
-  or takes a name its package does not export (``__all__``); the
-  negative controls plant such imports and see them flagged.
-"""
-import ast
-import glob
-import os.path as osp
 
+How the projects reach one another (the README's ``Requires`` line, one
+``ports.py``, only exported names) is read from the sources by
+tests/test_house/test_project_seams.py.
+"""
 import pytest
 import torch
 from torch import nn
@@ -21,82 +17,6 @@ from torch import nn
 from .test_deim.deim_utils import import_dfine
 from .test_deim.test_deim_head import _tiny_deim_rtdetr
 from .test_rtdetr.rtdetr_utils import import_project as import_rtdetr
-
-PROJECTS = osp.join(
-    osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), 'projects')
-IMPORTERS = ('import_module', '__import__')
-# Files known to reach into another project's modules, each asserted to
-# still do so: fixing one makes the test fail until it leaves this list.
-KNOWN_REACHES = set()
-
-
-def _package_faces(root: str) -> dict:
-    """``{'projects.<Name>.<pkg>': names in its __all__}`` for every
-    project package below ``root``, read from the source (no import)."""
-    faces = {}
-    for init in glob.glob(osp.join(root, '*', '*', '__init__.py')):
-        package = osp.dirname(init)
-        name = '.'.join([
-            'projects',
-            osp.basename(osp.dirname(package)),
-            osp.basename(package)
-        ])
-        exported = set()
-        for node in ast.parse(open(init).read()).body:
-            if (isinstance(node, ast.Assign) and any(
-                    getattr(t, 'id', None) == '__all__'
-                    for t in node.targets)):
-                exported = set(ast.literal_eval(node.value))
-        faces[name] = exported
-    return faces
-
-
-def _imported_name(call: ast.Call):
-    func = call.func
-    func_name = getattr(func, 'attr', getattr(func, 'id', None))
-    if func_name not in IMPORTERS or not call.args:
-        return None
-    arg = call.args[0]
-    return arg.value if isinstance(arg, ast.Constant) else '<computed>'
-
-
-def cross_project_reaches(root: str) -> dict:
-    """Offences per file (path relative to ``root``): an import of
-    another project by name that is not its package face, or a name taken
-    from a face that its ``__all__`` does not export."""
-    faces = _package_faces(root)
-    offences = {}
-    for path in sorted(glob.glob(osp.join(root, '*', '*', '*.py'))):
-        relative = osp.relpath(path, root)
-        own = 'projects.' + '.'.join(relative.split(osp.sep)[:2])
-        tree = ast.parse(open(path).read())
-        found, bound = [], {}
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            name = _imported_name(node)
-            if name is None or name == own or name.startswith(own + '.'):
-                continue
-            if name not in faces:
-                found.append(f'imports {name!r}, not a package face')
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Assign)
-                    and isinstance(node.value, ast.Call)):
-                name = _imported_name(node.value)
-                if name in faces and name != own:
-                    for target in node.targets:
-                        bound[getattr(target, 'id', None)] = name
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute)
-                    and isinstance(node.value, ast.Name)
-                    and node.value.id in bound):
-                face = bound[node.value.id]
-                if node.attr not in faces[face]:
-                    found.append(f'takes {node.attr!r} from {face!r}, '
-                                 'which its __all__ does not export')
-        if found:
-            offences[relative] = found
-    return offences
 
 
 def test_deim_decoder_layers_are_rtdetr_layers():
@@ -163,50 +83,3 @@ def test_dfine_encoder_overrides_only_builders():
         encoder.input_proj[0].named_children())) == {'conv', 'norm'}
     with pytest.raises(ValueError, match='DFINEHybridEncoder use_encoder'):
         dfine.DFINEHybridEncoder(in_channels=(8, 16), use_encoder_idx=(2, ))
-
-
-def test_projects_reach_each_other_through_package_faces():
-    """Every cross-project import in projects/ names a package face and
-    takes only exported names; the files in ``KNOWN_REACHES`` still reach
-    past one (so the list shrinks when they are fixed)."""
-    offences = cross_project_reaches(PROJECTS)
-    assert set(offences) == KNOWN_REACHES, offences
-
-
-OLD_RTDETR_PORT = """
-import importlib
-_rtdetr = importlib.import_module('projects.RT-DETR.rtdetr')
-_layers = importlib.import_module('projects.RT-DETR.rtdetr.rtdetr_layers')
-HybridEncoder = _rtdetr.HybridEncoder
-ConvNormLayer = _layers.ConvNormLayer
-Hidden = _rtdetr.Hidden
-"""
-
-
-def test_reach_scan_flags_planted_imports(tmp_path):
-    """Negative control: the scan flags an import of another project's
-    internal module (D-FINE's port before this change) and a name the
-    face does not export; the same files with face-only imports pass."""
-    face = tmp_path / 'RT-DETR' / 'rtdetr'
-    face.mkdir(parents=True)
-    (face / '__init__.py'
-     ).write_text("__all__ = ['HybridEncoder', 'ConvNormLayer']\n")
-    (face / 'rtdetr_layers.py').write_text('ConvNormLayer = None\n')
-    port = tmp_path / 'D-FINE' / 'dfine'
-    port.mkdir(parents=True)
-    (port / '__init__.py').write_text('__all__ = []\n')
-    (port / 'rtdetr_port.py').write_text(OLD_RTDETR_PORT)
-    offences = cross_project_reaches(str(tmp_path))
-    assert offences == {
-        osp.join('D-FINE', 'dfine', 'rtdetr_port.py'): [
-            "imports 'projects.RT-DETR.rtdetr.rtdetr_layers', not a "
-            'package face',
-            "takes 'Hidden' from 'projects.RT-DETR.rtdetr', which its "
-            '__all__ does not export'
-        ]
-    }
-    (port / 'rtdetr_port.py').write_text(
-        "from importlib import import_module\n"
-        "_rtdetr = import_module('projects.RT-DETR.rtdetr')\n"
-        'ConvNormLayer = _rtdetr.ConvNormLayer\n')
-    assert cross_project_reaches(str(tmp_path)) == {}

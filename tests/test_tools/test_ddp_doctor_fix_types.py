@@ -9,6 +9,8 @@ Negative control: the line the doctor printed before for every DINO-family
 detector (``DDPSafeDINO`` / ``DDPSafeDINOHead``), pasted into the D-FINE
 config, does not build: DINO's constructor refuses D-FINE's keys.
 """
+from importlib import import_module
+
 import pytest
 import torch.nn as nn
 from mmdet.models import DINO
@@ -38,6 +40,59 @@ def test_nearest_shipped_class_in_the_mro():
     # mmdet's own classes are not DDP-safe and not ours
     assert nearest_shipped(DINO, DDPSafeDINO) is None
     assert nearest_shipped(DINOHead, DDPSafeDINOHead) is None
+
+
+PORT_PACKAGES = ('projects.RT-DETR.rtdetr', 'projects.D-FINE.dfine',
+                 'projects.DEIM.deim', 'projects.DEIMv2.deimv2',
+                 'projects.CO-DETR.codetr')
+
+
+def test_every_registered_port_names_itself():
+    """Each DDP-safe detector and head that the model ports register (as
+    a config's custom_imports would) is found through the registry and
+    names itself; the ports are not looked up on disk."""
+    from mmdet.registry import MODELS
+    for package in PORT_PACKAGES:
+        import_module(package)
+    named = {}
+    for cls in MODELS.module_dict.values():
+        if not (isinstance(cls, type)
+                and cls.__module__.startswith(PORT_PACKAGES)):
+            continue
+        for base in (DDPSafeDINO, DDPSafeDINOHead):
+            if issubclass(cls, base):
+                named[cls.__name__] = nearest_shipped(cls, base)
+    assert named == {
+        name: name
+        for name in ('RTDETR', 'RTDETRHead', 'DFINE', 'DFINEHead',
+                     'DEIMRTDETR', 'DEIMHead', 'DEIMv2', 'DEIMv2Head',
+                     'CoDINOHead')
+    }
+
+
+def test_the_marker_and_the_registry_decide():
+    """A class from outside mmddp_ext and projects/ is named once it is
+    registered and declares ``ddp_safe_empty_gt``; a registered subclass
+    that does not declare it again falls back to it, and an unregistered
+    one is never named."""
+    from mmdet.registry import MODELS
+
+    class UsersSafeDINO(DDPSafeDINO):
+        ddp_safe_empty_gt = True
+
+    class UsersChangedDINO(UsersSafeDINO):
+        pass
+
+    assert nearest_shipped(UsersSafeDINO, DDPSafeDINO) == 'DDPSafeDINO'
+    try:
+        for cls in (UsersSafeDINO, UsersChangedDINO):
+            MODELS.register_module(module=cls)
+        assert nearest_shipped(UsersSafeDINO, DDPSafeDINO) == 'UsersSafeDINO'
+        assert (nearest_shipped(UsersChangedDINO,
+                                DDPSafeDINO) == 'UsersSafeDINO')
+    finally:
+        for cls in (UsersSafeDINO, UsersChangedDINO):
+            MODELS.module_dict.pop(cls.__name__, None)
 
 
 def test_the_paste_line_keeps_the_ports_detector():

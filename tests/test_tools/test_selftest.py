@@ -1,7 +1,6 @@
 """tools/selftest.sh: its quick CPU form end to end on a subset of its
 checks (what CI runs), with its negative control (an AMP check broken on
 purpose fails the run) in the same run."""
-import importlib.util
 import json
 import math
 import os
@@ -12,7 +11,6 @@ import subprocess
 import pytest
 
 from mmddp_ext.testing import kill_process_tree
-
 from ..helpers import REPO_ROOT
 
 # The quick CPU form took 357 s beside other engineers' runs (load
@@ -24,11 +22,12 @@ ALL_CHECKS = ('multi_rank_tests', ) + AMP_CHECKS + (
     'upstream_dfine', 'upstream_codetr', 'upstream_rtdetrv2')
 
 
-def load_selftest():
-    spec = importlib.util.spec_from_file_location(
-        'selftest', osp.join(REPO_ROOT, 'tools', 'selftest.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+@pytest.fixture
+def selftest(monkeypatch):
+    """tools/selftest.py as a module: tools/ is no package, so a plain
+    import with tools/ on the path (for the test)."""
+    monkeypatch.syspath_prepend(osp.join(REPO_ROOT, 'tools'))
+    import selftest as module
     return module
 
 
@@ -132,11 +131,11 @@ def test_quick_cpu_selftest_reports_passed_failed_and_skipped_checks(
 
 @pytest.mark.multi_rank
 @pytest.mark.timeout(240)
-def test_multi_rank_check_counts_its_pytest_run(tmp_path, monkeypatch):
+def test_multi_rank_check_counts_its_pytest_run(selftest, tmp_path,
+                                                monkeypatch):
     """The multi-rank tests' check on the cheapest file of its quick
     selection (real 2-rank runs in an inner pytest): passed, with the JUnit
     counts."""
-    selftest = load_selftest()
     for name in list(os.environ):
         if name.startswith('PYTEST_'):  # the outer pytest's, not the inner
             monkeypatch.delenv(name)
@@ -149,8 +148,7 @@ def test_multi_rank_check_counts_its_pytest_run(tmp_path, monkeypatch):
     assert result.summary.endswith(' passed, 0 failed, 0 errors, 0 skipped')
 
 
-def test_break_names_only_amp_checks(capsys):
-    selftest = load_selftest()
+def test_break_names_only_amp_checks(selftest, capsys):
     with pytest.raises(SystemExit) as exit_info:
         selftest.main(['--device', 'cpu', '--break', 'multi_rank_tests'])
     assert exit_info.value.code == 2  # a usage error, not a failed check
@@ -159,7 +157,7 @@ def test_break_names_only_amp_checks(capsys):
 
 
 def test_upstream_ratios_are_read_from_the_benchmarks_own_report(
-        capsys, monkeypatch):
+        selftest, capsys, monkeypatch):
     """The ratios come from the lines the two benchmarks print (their own
     print functions, so a changed format fails here)."""
     monkeypatch.syspath_prepend(osp.join(REPO_ROOT, 'benchmarks'))
@@ -191,7 +189,6 @@ def test_upstream_ratios_are_read_from_the_benchmarks_own_report(
         loss_keys_equal=True,
         loss_end_to_end=loss,
         loss_same_outputs=loss)
-    selftest = load_selftest()
     step_time_text = capsys.readouterr().out
     dfine_vs_upstream._print(
         dict(
@@ -205,10 +202,9 @@ def test_upstream_ratios_are_read_from_the_benchmarks_own_report(
 
 
 def test_upstream_checks_skip_without_a_checkout_and_fail_on_a_bad_one(
-        tmp_path, monkeypatch, capsys):
+        selftest, tmp_path, monkeypatch, capsys):
     """No variable: skipped with the reason, exit 0; a variable naming no
     directory: failed, exit 1 (no benchmark starts in either case)."""
-    selftest = load_selftest()
     for env in UPSTREAM_ENVS:
         monkeypatch.delenv(env, raising=False)
     argv = [
@@ -232,10 +228,9 @@ def test_upstream_checks_skip_without_a_checkout_and_fail_on_a_bad_one(
 
 
 def test_gpu_tests_get_the_time_of_upstream_benchmarks_that_do_not_run(
-        tmp_path, monkeypatch):
+        selftest, tmp_path, monkeypatch):
     """The cuda form's 9 minutes: 330 s for the tests beside the
     fine-tunes, plus 60 s per upstream benchmark that will not run."""
-    selftest = load_selftest()
     for env in UPSTREAM_ENVS:
         monkeypatch.delenv(env, raising=False)
 

@@ -45,6 +45,10 @@ class DDPSafeDINOHead(DINOHead):
 
     Accepts the same config keys as ``DINOHead``.
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def _matching_inputs(self, cls_score: Tensor,
                          bbox_pred: Tensor) -> Tuple[Tensor, Tensor]:

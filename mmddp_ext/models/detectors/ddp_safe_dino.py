@@ -36,6 +36,10 @@ class DDPSafeDINO(DINO):
             Required.
         *args, **kwargs: Forwarded unchanged to ``DINO``.
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def __init__(self, *args, dn_cfg: OptConfigType = None, **kwargs) -> None:
         if dn_cfg is None:

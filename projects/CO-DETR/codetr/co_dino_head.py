@@ -66,6 +66,10 @@ class CoDINOHead(DDPSafeDINOHead):
         **kwargs: Forwarded to ``DINOHead`` (``num_classes``,
             ``sync_cls_avg_factor``, losses, ``train_cfg``, ``test_cfg``).
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def __init__(self,
                  *args,

@@ -16,9 +16,6 @@ model = dict(
             scales=[480, 512, 544, 576, 608] + [640] * 6 +
             [800, 768, 736, 704, 672])
     ]))
-train_dataloader = dict(batch_size=4)
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(lr=2e-4, weight_decay=1e-4),
     paramwise_cfg=dict(params=[
@@ -38,4 +35,3 @@ custom_hooks = [{{_base_.ema_hook}},
                     type='RTDETRAugmentStopHook',
                     switch_epoch=stop_epoch,
                     switch_pipeline={{_base_.no_aug_pipeline}})]
-auto_scale_lr = dict(base_batch_size=32)

@@ -13,8 +13,6 @@
 # policy), with upstream's custom-config differences: AdamW lr 2.5e-4, backbone
 # 2.5e-5, weight decay 1.25e-4 (COCO: 2e-4, 2e-5, 1e-4).
 _base_ = ['./dfine_hgnetv2_m_coco.py', '../../../configs/_base_/mmddp_ext.py']
-custom_imports = dict(
-    imports=['mmddp_ext', 'projects.D-FINE.dfine'], allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

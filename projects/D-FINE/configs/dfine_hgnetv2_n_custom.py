@@ -13,8 +13,6 @@
 # policy), with upstream's custom-config differences: 220 epochs, the strong
 # augmentation and multi-scale stopped from epoch 200 (COCO: 160, 148).
 _base_ = ['./dfine_hgnetv2_n_coco.py', '../../../configs/_base_/mmddp_ext.py']
-custom_imports = dict(
-    imports=['mmddp_ext', 'projects.D-FINE.dfine'], allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

@@ -14,8 +14,6 @@
 # epoch 200 (COCO: 132, 120); AdamW lr 4e-4, backbone 2e-4 (COCO: 2e-4, 1e-4);
 # 8 images per GPU (total_batch_size 64).
 _base_ = ['./dfine_hgnetv2_s_coco.py', '../../../configs/_base_/mmddp_ext.py']
-custom_imports = dict(
-    imports=['mmddp_ext', 'projects.D-FINE.dfine'], allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

@@ -12,8 +12,6 @@ _base_ = [
     './_base_/dfine_hgnetv2_n.py',
     '../../../configs/_base_/mmddp_ext.py',
 ]
-custom_imports = dict(
-    imports=['projects.D-FINE.dfine'], allow_failed_imports=False)
 embed_dims = 64
 num_levels = 2
 model = dict(

@@ -13,8 +13,6 @@
 # policy), with upstream's custom-config differences: none (upstream's custom
 # config equals the COCO one but for the dataset).
 _base_ = ['./dfine_hgnetv2_x_coco.py', '../../../configs/_base_/mmddp_ext.py']
-custom_imports = dict(
-    imports=['mmddp_ext', 'projects.D-FINE.dfine'], allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

@@ -6,6 +6,10 @@ Importing this package registers its components in ``mmdet.registry``
 from .decoupled_distillation_focal_loss import DecoupledDistillationFocalLoss
 from .dfine import DFINE
 from .dfine_cdn_query_generator import DFINECdnQueryGenerator
+from .dfine_checkpoint_conversion import (convert_dfine_state_dict,
+                                          convert_hgnetv2_state_dict,
+                                          decoder_num_points,
+                                          is_hgnetv2_checkpoint)
 from .dfine_decoder_layers import (FP16_MAX, MLP, DFINEDecoder,
                                    PerLevelDeformableAttention)
 from .dfine_head import DFINEHead
@@ -21,5 +25,6 @@ __all__ = [
     'DFINEDecoder', 'DFINEHead', 'DFINEHybridEncoder',
     'dfine_upstream_param_names', 'FineGrainedLocalizationLoss', 'FP16_MAX',
     'HGNetv2', 'MLP', 'ModelEMA', 'ModelEMAHook',
-    'PerLevelDeformableAttention'
+    'PerLevelDeformableAttention', 'convert_dfine_state_dict',
+    'convert_hgnetv2_state_dict', 'decoder_num_points', 'is_hgnetv2_checkpoint'
 ]

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from .dfine_cdn_query_generator import DFINECdnQueryGenerator
 from .dfine_decoder_layers import MLP, DFINEDecoder
-from .rtdetr_port import RTDETR
+from .ports import RTDETR
 
 # Keys of model.decoder that the head needs too; DFINE passes them on.
 HEAD_KEYS_FROM_DECODER = ('reg_max', 'eval_idx', 'layer_scale')
@@ -59,6 +59,10 @@ class DFINE(RTDETR):
             ``neck``, ``bbox_head``, ``num_queries``, ``train_cfg``,
             ``test_cfg``, ...).
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def __init__(self,
                  *args,
@@ -157,7 +161,9 @@ class DFINE(RTDETR):
 
         def gather(x: Tensor) -> Tensor:
             index = topk[..., None].expand(-1, -1, x.size(-1))
-            return x.expand(len(topk), -1, -1).gather(1, index)
+            # topk.size(0), not len(topk): a trace (ONNX export) keeps
+            # the batch dimension symbolic only through size()
+            return x.expand(topk.size(0), -1, -1).gather(1, index)
 
         topk_memory = gather(output_memory)
         topk_coords_unact = self.bbox_head.reg_branches[num_layers](

@@ -9,7 +9,7 @@ from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from torch import Tensor
 
 from mmddp_ext.models.layers import DUMMY_DN_GROUP_KEY
-from .rtdetr_port import RTDETRCdnQueryGenerator
+from .ports import RTDETRCdnQueryGenerator
 
 # upstream's inverse_sigmoid eps
 INVERSE_SIGMOID_EPS = 1e-5

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from mmddp_ext.utils.torch_private import cached_until_written
 from .fdr import distance2bbox, integral, weighting_function
-from .rtdetr_port import build_activation
+from .ports import build_activation
 
 # upstream's inverse_sigmoid eps (mmdet's default is also 1e-5)
 INVERSE_SIGMOID_EPS = 1e-5

@@ -5,7 +5,7 @@ upstream's (``cv1`` ... ``cv4``), so checkpoints load key for key.
 import torch
 from torch import Tensor, nn
 
-from .rtdetr_port import ConvNormLayer, CSPRepLayer
+from .ports import ConvNormLayer, CSPRepLayer
 
 
 class GroupedConvNormLayer(ConvNormLayer):

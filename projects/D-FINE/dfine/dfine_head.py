@@ -15,7 +15,7 @@ from mmddp_ext.models.dense_heads import DDPSafeDINOHead
 from mmddp_ext.models.layers import DUMMY_DN_GROUP_KEY
 from .dfine_decoder_layers import MLP
 from .fdr import bbox2distance
-from .rtdetr_port import RTDETRHead
+from .ports import RTDETRHead
 
 # Pairs (query index, GT index) of one image.
 Matching = Tuple[Tensor, Tensor]
@@ -95,6 +95,10 @@ class DFINEHead(DDPSafeDINOHead):
             ``labels``, e.g. ``RTDETRVarifocalLoss``), ``loss_bbox``,
             ``loss_iou``, ``train_cfg``, ``test_cfg``).
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def __init__(self,
                  *args,

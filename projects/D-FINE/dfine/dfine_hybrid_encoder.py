@@ -5,7 +5,7 @@ from mmdet.registry import MODELS
 from torch import nn
 
 from .dfine_encoder_layers import RepNCSPELAN4, SCDown
-from .rtdetr_port import ConvNormLayer, HybridEncoder
+from .ports import ConvNormLayer, HybridEncoder
 
 
 @MODELS.register_module()

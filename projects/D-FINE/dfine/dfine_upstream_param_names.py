@@ -8,7 +8,7 @@ The port keeps upstream's names below each module but files the modules
 the mmdet way (``neck`` for upstream's ``encoder``, the prediction
 branches in ``bbox_head``), so the regexes must see the upstream name of
 each parameter: this is the inverse of
-``tools/convert_dfine_checkpoint.py``'s table.
+``dfine_checkpoint_conversion``'s table.
 """
 import re
 from typing import Callable, Dict, List, Tuple

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .rtdetr_port import conv_norm
+from .ports import conv_norm
 
 
 class LearnableAffineBlock(nn.Module):

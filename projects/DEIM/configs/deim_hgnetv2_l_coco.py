@@ -38,13 +38,4 @@ model = dict(
             type='MatchabilityAwareLoss',
             gamma=1.5,
             loss_weight=1.0)))
-train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 29, 50])))
-max_epochs = 58
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(
-        _base_.param_scheduler[0],
-        flat_epoch=29,
-        no_aug_epoch=8,
-        end=max_epochs)
-]
+# Epochs, policy epochs, lr schedule: _base_/deim_dfine_coco.py's.

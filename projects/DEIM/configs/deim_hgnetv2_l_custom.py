@@ -11,9 +11,6 @@
 # class-sized layers (mismatched shapes are skipped with a warning); the
 # backbone's ImageNet init is off, load_from replaces it.
 _base_ = ['./deim_hgnetv2_l_coco.py', '../../../configs/_base_/mmddp_ext.py']
-custom_imports = dict(
-    imports=['mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim'],
-    allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

@@ -13,12 +13,6 @@
 _base_ = [
     './deim_rtdetrv2_r18vd_coco.py', '../../../configs/_base_/mmddp_ext.py'
 ]
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.RT-DETR.rtdetr', 'projects.D-FINE.dfine',
-        'projects.DEIM.deim'
-    ],
-    allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

@@ -10,7 +10,7 @@ from mmengine.structures import InstanceData
 from torch import Tensor
 
 # The RT-DETR port's multi-scale batch resize (upstream's sizes, nearest).
-from .dfine_port import BatchChoiceResize
+from .ports import BatchChoiceResize
 
 
 @MODELS.register_module()

@@ -4,8 +4,8 @@ from typing import Dict
 from mmdet.registry import MODELS
 from torch import Tensor
 
-from .dfine_port import DFINEHead
 from .matchability_aware_loss import MatchabilityAwareLoss
+from .ports import DFINEHead
 
 
 @MODELS.register_module()
@@ -37,6 +37,10 @@ class DEIMHead(DFINEHead):
         **kwargs: Keys of :class:`DFINEHead`; ``loss_cls`` defaults to
             ``dict(type='MatchabilityAwareLoss', gamma=1.5)``.
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def __init__(self,
                  *args,

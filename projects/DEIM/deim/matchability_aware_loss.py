@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from mmdet.registry import MODELS
 from torch import Tensor
 
-from .dfine_port import RTDETRVarifocalLoss
+from .ports import RTDETRVarifocalLoss
 
 
 @MODELS.register_module()

@@ -39,7 +39,7 @@ model = dict(
         num_layers=6,
         layer_cfg=dict(embed_dims=embed_dims, feedforward_channels=2048)),
     bbox_head=dict(embed_dims=embed_dims))
-train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 29, 50])))
+# Epochs, policy epochs, lr schedule: the recipe's (_base_/deimv2_coco.py).
 optim_wrapper = dict(
     optimizer=dict(weight_decay=0.000125),
     paramwise_cfg=dict(params=[
@@ -55,12 +55,3 @@ optim_wrapper = dict(
             params='^(?=.*(?:sta|encoder|decoder))(?=.*(?:norm|bn|bias)).*$',
             weight_decay=0.),
     ]))
-max_epochs = 58
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(
-        _base_.param_scheduler[0],
-        flat_epoch=29,
-        no_aug_epoch=8,
-        end=max_epochs)
-]

@@ -13,12 +13,6 @@
 #   bash tools/dist_train.sh \
 #       projects/DEIMv2/configs/deimv2_hgnetv2_atto_tiny_synthetic.py 2
 _base_ = ['./deimv2_hgnetv2_atto_custom.py']
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
 data_root = 'data/synthetic/'
 image_size = 96
 train_pipeline = [

@@ -24,13 +24,4 @@ model = dict(
         init_cfg=dict(
             type='Pretrained',
             checkpoint='checkpoints/PPHGNetV2_B4_stage1.pth')))
-train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 29, 50])))
-max_epochs = 58
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(
-        _base_.param_scheduler[0],
-        flat_epoch=29,
-        no_aug_epoch=8,
-        end=max_epochs)
-]
+# Epochs, policy epochs, lr schedule: the recipe's (_base_/deimv2_coco.py).

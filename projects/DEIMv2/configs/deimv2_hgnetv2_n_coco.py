@@ -10,12 +10,6 @@
 # (cost -(p * IoU^4) from then on). Not ported: ema_restart_decay 0.9999 (no
 # effect upstream, see the README).
 _base_ = ['./_base_/deimv2_coco.py']
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
 embed_dims = 128
 num_levels = 2
 model = dict(
@@ -65,8 +59,6 @@ model = dict(
 train_dataloader = dict(
     batch_size=4,
     dataset=dict(policy=dict(epoch=[4, 78, 148]), mosaic_prob=0.5))
-val_dataloader = dict(batch_size=8)
-test_dataloader = val_dataloader
 optim_wrapper = dict(
     optimizer=dict(lr=0.0008, weight_decay=0.0001),
     paramwise_cfg=dict(params=[
@@ -94,4 +86,3 @@ param_scheduler = [
         by_epoch=True,
         convert_to_iter_based=True)
 ]
-auto_scale_lr = dict(base_batch_size=32)

@@ -13,12 +13,6 @@
 _base_ = [
     './deimv2_hgnetv2_pico_coco.py', '../../../configs/_base_/mmddp_ext.py'
 ]
-custom_imports = dict(
-    imports=[
-        'mmddp_ext', 'projects.D-FINE.dfine', 'projects.DEIM.deim',
-        'projects.DEIMv2.deimv2'
-    ],
-    allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

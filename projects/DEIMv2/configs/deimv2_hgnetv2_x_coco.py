@@ -30,7 +30,7 @@ model = dict(
             checkpoint='checkpoints/PPHGNetV2_B5_stage1.pth')),
     neck=dict(hidden_dim=384, feedforward_channels=2048),
     decoder=dict(reg_scale=8.0))
-train_dataloader = dict(dataset=dict(policy=dict(epoch=[4, 29, 50])))
+# Epochs, policy epochs, lr schedule: the recipe's (_base_/deimv2_coco.py).
 optim_wrapper = dict(
     paramwise_cfg=dict(params=[
         dict(params='^(?=.*backbone)(?!.*norm|bn).*$', lr=5e-06),
@@ -38,12 +38,3 @@ optim_wrapper = dict(
             params='^(?=.*(?:encoder|decoder))(?=.*(?:norm|bn)).*$',
             weight_decay=0.),
     ]))
-max_epochs = 58
-train_cfg = dict(max_epochs=max_epochs)
-param_scheduler = [
-    dict(
-        _base_.param_scheduler[0],
-        flat_epoch=29,
-        no_aug_epoch=8,
-        end=max_epochs)
-]

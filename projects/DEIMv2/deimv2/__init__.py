@@ -5,6 +5,10 @@ Importing this package registers its components in mmdet's registry (and
 the D-FINE, DEIM and RT-DETR ports', which it builds on).
 """
 from .deimv2 import DEIMv2
+from .deimv2_checkpoint_conversion import (convert_deimv2_hgnetv2_state_dict,
+                                           convert_deimv2_state_dict,
+                                           convert_deimv2_vit_state_dict,
+                                           is_vit_checkpoint)
 from .deimv2_collate_batch_augment import DEIMv2CollateBatchAugment
 from .deimv2_head import DEIMv2Head
 from .deimv2_hgnetv2 import DEIMv2HGNetv2
@@ -17,5 +21,7 @@ from .score_iou_product_cost import ScoreIoUProductCost
 __all__ = [
     'DEIMv2', 'DEIMv2CollateBatchAugment', 'DEIMv2Head', 'DEIMv2HGNetv2',
     'DEIMv2HybridEncoder', 'DEIMv2HungarianAssigner', 'DINOv3STAs',
-    'DEIMv2LiteEncoder', 'ScoreIoUProductCost'
+    'DEIMv2LiteEncoder', 'ScoreIoUProductCost',
+    'convert_deimv2_hgnetv2_state_dict', 'convert_deimv2_state_dict',
+    'convert_deimv2_vit_state_dict', 'is_vit_checkpoint'
 ]

@@ -37,6 +37,10 @@ class DEIMv2(DFINE):
             ``neck``, ``bbox_head``, ``dn_cfg``, ``num_queries``,
             ``num_feature_levels``, ``feat_channels``, ...).
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def _init_layers(self) -> None:
         """Replaces ``DFINE._init_layers``: D-FINE's input projection (1x1

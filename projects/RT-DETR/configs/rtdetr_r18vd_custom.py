@@ -10,9 +10,6 @@
 # replaces it. Recipe: rtdetr_r18vd_6x_coco.py's (upstream's parameter
 # groups included), 36 epochs.
 _base_ = ['./rtdetr_r18vd_6x_coco.py', '../../../configs/_base_/mmddp_ext.py']
-custom_imports = dict(
-    imports=['mmddp_ext', 'projects.RT-DETR.rtdetr'],
-    allow_failed_imports=False)
 data_root = 'data/custom/'
 classes = ('square', 'disc')
 metainfo = dict(classes=classes)

@@ -10,6 +10,11 @@ from .resnet_vd import ResNetVdRTDETR
 from .rtdetr import RTDETR
 from .rtdetr_augment_stop_hook import RTDETRAugmentStopHook
 from .rtdetr_cdn_query_generator import RTDETRCdnQueryGenerator
+from .rtdetr_checkpoint_conversion import (convert_presnet_state_dict,
+                                           convert_rtdetr_state_dict,
+                                           is_presnet_checkpoint,
+                                           refuse_discrete_sampling,
+                                           select_upstream_weights)
 from .rtdetr_head import RTDETRHead
 from .rtdetr_layers import (AIFIEncoder, ConvNormLayer, CSPRepLayer,
                             RepVggBlock, RTDETRDecoderLayer, StaticTensorCache,
@@ -18,12 +23,15 @@ from .rtdetr_upstream_param_names import rtdetr_upstream_param_names
 from .rtdetr_varifocal_loss import RTDETRVarifocalLoss
 
 # The registered components, then the layers and helpers that the ports
-# built on RT-DETR (D-FINE, DEIM) take from this package.
+# built on RT-DETR (D-FINE, DEIM) take from this package, then the
+# checkpoint conversion (select_upstream_weights reads the family's files).
 __all__ = [
     'BatchChoiceResize', 'BatchedHungarianAssigner', 'HybridEncoder',
     'ResNetVdRTDETR', 'RTDETR', 'RTDETRAugmentStopHook',
     'RTDETRCdnQueryGenerator', 'RTDETRHead', 'RTDETRVarifocalLoss',
     'rtdetr_upstream_param_names', 'AIFIEncoder', 'ConvNormLayer',
     'CSPRepLayer', 'RepVggBlock', 'RTDETRDecoderLayer', 'StaticTensorCache',
-    'build_activation', 'conv_norm'
+    'build_activation', 'conv_norm', 'convert_presnet_state_dict',
+    'convert_rtdetr_state_dict', 'is_presnet_checkpoint',
+    'refuse_discrete_sampling', 'select_upstream_weights'
 ]

@@ -81,6 +81,10 @@ class RTDETR(DDPSafeDINO):
             bbox_head, num_queries, train_cfg, test_cfg, ...).
             ``with_box_refine`` and ``as_two_stage`` are always True.
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def __init__(self,
                  *args,

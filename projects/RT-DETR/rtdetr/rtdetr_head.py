@@ -98,6 +98,10 @@ class RTDETRHead(DDPSafeDINOHead):
 
     Accepts the config keys of ``DINOHead``.
     """
+    # Its own path for a batch without GT is DDP-safe, so the doctor may
+    # name it in a paste line (mmddp_ext.doctor.ddp_safe_types); a
+    # subclass that keeps that path declares it again.
+    ddp_safe_empty_gt = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

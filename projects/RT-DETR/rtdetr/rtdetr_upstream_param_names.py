@@ -6,7 +6,7 @@ Upstream's YAML groups parameters by regexes over its own names
 ``decoder.dec_score_head.0.bias``, ...). The port keeps mmdet's layout
 (``backbone.layer1.0.bn1.weight``, ``bbox_head.cls_branches.0.bias``), so
 the regexes must see the upstream name of each parameter: this is the
-inverse of ``tools/convert_rtdetr_checkpoint.py``'s table. v1
+inverse of ``rtdetr_checkpoint_conversion``'s table. v1
 (``rtdetr_pytorch``) and v2 (``rtdetrv2_pytorch``) name two modules
 differently (``encoder.input_proj.N.0``/``.1`` and ``decoder.enc_output.0``
 /``.1`` in v1, ``.conv``/``.norm`` and ``.proj``/``.norm`` in v2), which

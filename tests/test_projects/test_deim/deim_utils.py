@@ -17,3 +17,8 @@ def import_deim():
 def import_dfine():
     """Register the D-FINE components (hyphenated dir: importlib)."""
     return importlib.import_module('projects.D-FINE.dfine')
+
+
+def import_rtdetr():
+    """Register the RT-DETR components (hyphenated dir: importlib)."""
+    return importlib.import_module('projects.RT-DETR.rtdetr')

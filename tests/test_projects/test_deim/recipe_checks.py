@@ -9,7 +9,6 @@ through; the configs' optimizer constructor uses its own inverse table
 """
 import copy
 import functools
-import importlib.util
 import math
 import os.path as osp
 from typing import Dict, List, Tuple
@@ -19,20 +18,18 @@ from mmengine.config import Config
 
 from mmddp_ext.testing import model_index_read_once
 from . import upstream_recipes as upstream
-from .deim_utils import REPO_ROOT, import_deim
+from .deim_utils import REPO_ROOT, import_deim, import_dfine, import_rtdetr
 
 Values = Dict[str, Tuple[float, float, Tuple[float, float]]]
 TRACE_ITERS_PER_EPOCH = 50
 
 
-def _converter(name: str = 'dfine'):
-    """``tools/convert_{name}_checkpoint.py`` as a module."""
-    module_name = f'convert_{name}_checkpoint'
-    spec = importlib.util.spec_from_file_location(
-        module_name, osp.join(REPO_ROOT, 'tools', f'{module_name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _convert_state_dict(name: str = 'dfine'):
+    """The key table ``tools/convert_{name}_checkpoint.py`` runs
+    (``name``: 'dfine' or 'rtdetr'), from its project package."""
+    if name == 'rtdetr':
+        return import_rtdetr().convert_rtdetr_state_dict
+    return import_dfine().convert_dfine_state_dict
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,12 +96,8 @@ def _by_port_name(record: dict, converter: str, values: dict) -> dict:
     """``values`` (by upstream name) by the port's name, through the
     converter official checkpoints load through."""
     names = list(values)
-    converted = _converter(converter).convert_state_dict(
-        {
-            key: torch.tensor(i)
-            for i, key in enumerate(names)
-        },
-        log=lambda line: None)
+    tagged = {key: torch.tensor(i) for i, key in enumerate(names)}
+    converted = _convert_state_dict(converter)(tagged, log=lambda line: None)
     return {
         port: values[names[int(tag)]]
         for port, tag in converted.items()

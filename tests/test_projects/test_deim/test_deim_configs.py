@@ -182,16 +182,17 @@ def test_upstream_layout_converts_and_loads_into_the_deim_config(size):
     same keys and shapes) converts for the DEIM COCO config of the same
     size, shapes checked, and loads strictly; L's backbone norms, frozen
     in D-FINE's layout, are trained in DEIM's and get their counters."""
+    from mmddp_ext.utils import build_reference_model
     from ..test_dfine.test_convert_dfine_checkpoint import synthetic_checkpoint
-    converter = checks._converter()
-    model = converter.reference_model(
+    dfine = checks.import_dfine()
+    model = build_reference_model(
         checks.osp.join(checks.REPO_ROOT, 'projects', 'DEIM', 'configs',
                         f'deim_hgnetv2_{size}_coco.py'))
     assert type(model.bbox_head).__name__ == 'DEIMHead'
     assert all(p.requires_grad for p in model.backbone.parameters())
-    converted = converter.convert_state_dict(
+    converted = dfine.convert_dfine_state_dict(
         synthetic_checkpoint(size),
         model.state_dict(),
-        converter.model_num_points(model),
+        dfine.decoder_num_points(model),
         log=lambda line: None)
     model.load_state_dict(converted, strict=True)

@@ -1,21 +1,22 @@
-"""tools/convert_deimv2_checkpoint.py on checkpoints laid out as upstream's
-own models (``data/*_keys.json``, written by upstream's code: see
-data/README.md): every size's detector checkpoint, the ViT files the
-DINOv3 sizes start from, and B0's ImageNet file for the light sizes.
+"""DEIMv2's checkpoint conversion (what tools/convert_deimv2_checkpoint.py
+runs) on checkpoints laid out as upstream's own models
+(``data/*_keys.json``, written by upstream's code: see data/README.md):
+every size's detector checkpoint, the ViT files the DINOv3 sizes start
+from, and B0's ImageNet file for the light sizes.
 
 Models are built on the meta device (shapes only, no arithmetic): the
 port's key set and shapes are what these tests compare."""
-import importlib.util
 import json
 import os.path as osp
 
 import pytest
 import torch
 
+from mmddp_ext.utils import CheckpointConversionError, build_reference_model
+from ..test_dfine.dfine_utils import import_project as import_dfine
 from .deimv2_utils import (DATA, DINOV3_SIZES, REPO_ROOT, SIZES, coco_config,
                            coco_meta_model, import_project)
 
-CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_deimv2_checkpoint.py')
 DFINE_DATA = osp.join(REPO_ROOT, 'tests', 'test_projects', 'test_dfine',
                       'data')
 # Values of the buffers the manifests give shapes of only, from upstream's
@@ -24,13 +25,9 @@ UPSTREAM_REG_SCALE = {'hgnetv2_x': 8.0}
 
 
 @pytest.fixture(scope='module')
-def converter():
-    import_project()
-    spec = importlib.util.spec_from_file_location('convert_deimv2_checkpoint',
-                                                  CONVERTER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def deimv2():
+    """The DEIMv2 package, whose conversion the CLI runs."""
+    return import_project()
 
 
 def manifest(name: str, folder: str = DATA) -> dict:
@@ -38,7 +35,7 @@ def manifest(name: str, folder: str = DATA) -> dict:
         return json.load(f)
 
 
-def meta_model(converter, size: str):
+def meta_model(size: str):
     """The size's COCO model on the meta device (built once per process;
     the tests only read it)."""
     return coco_meta_model(size)[1]
@@ -79,16 +76,16 @@ def share_like_upstream(state: dict, layers: int) -> None:
 
 
 @pytest.mark.parametrize('size', SIZES)
-def test_every_upstream_key_converts(converter, size):
+def test_every_upstream_key_converts(deimv2, size):
     """Every key of upstream's model of this size is mapped or derived,
     and the result has exactly the port's keys and shapes."""
-    model = meta_model(converter, size)
-    upstream = synthetic_checkpoint(size, converter.model_num_points(model)[0])
+    model = meta_model(size)
+    points = import_dfine().decoder_num_points(model)[0]
+    upstream = synthetic_checkpoint(size, points)
     if model.bbox_head.share_bbox_head:
         share_like_upstream(upstream, model.decoder.num_layers)
     log = []
-    converted = converter.convert_detector_state_dict(upstream, model,
-                                                      log.append)
+    converted = deimv2.convert_deimv2_state_dict(upstream, model, log.append)
     handled = {
         line.split()[1]
         for line in log if line.startswith(('map', 'skip'))
@@ -105,14 +102,14 @@ def test_every_upstream_key_converts(converter, size):
     }
 
 
-def test_atto_loads_values_where_upstream_has_them(converter):
+def test_atto_loads_values_where_upstream_has_them(deimv2):
     """A real (not meta) Atto: strict load, and values land where the
     mapping says (decoder layer, shared box branch, encoder heads)."""
-    model = converter.reference_model(coco_config('hgnetv2_atto'))
+    model = build_reference_model(coco_config('hgnetv2_atto'))
     upstream = synthetic_checkpoint('hgnetv2_atto', [4, 2], seed=0)
     share_like_upstream(upstream, 3)
-    converted = converter.convert_detector_state_dict(upstream, model,
-                                                      lambda line: None)
+    converted = deimv2.convert_deimv2_state_dict(upstream, model,
+                                                 lambda line: None)
     model.load_state_dict(converted, strict=True)
     pairs = {
         'decoder.decoder.layers.1.swish_ffn.w12.weight':
@@ -130,63 +127,63 @@ def test_atto_loads_values_where_upstream_has_them(converter):
         assert torch.equal(tensor.detach().cpu(), upstream[key]), key
 
 
-def test_unequal_copies_of_a_shared_branch_are_refused(converter):
+def test_unequal_copies_of_a_shared_branch_are_refused(deimv2):
     """Control: Atto shares the box branch; a checkpoint whose copies
     differ (not an Atto/Femto/Pico file) is refused, naming the key."""
-    model = meta_model(converter, 'hgnetv2_atto')
+    model = meta_model('hgnetv2_atto')
     upstream = synthetic_checkpoint('hgnetv2_atto', [4, 2], seed=0)
     with pytest.raises(
-            converter.ConversionError, match=r'dec_bbox_head\.1\..* differs'):
-        converter.convert_detector_state_dict(upstream, model,
-                                              lambda line: None)
+            CheckpointConversionError, match=r'dec_bbox_head\.1\..* differs'):
+        deimv2.convert_deimv2_state_dict(upstream, model, lambda line: None)
 
 
-def test_a_deim_checkpoint_is_refused_by_a_deimv2_config(converter):
+def test_a_deim_checkpoint_is_refused_by_a_deimv2_config(deimv2):
     """Control: DEIM / D-FINE-N (LayerNorm, plain FFN, enc_output) is not
     DEIMv2-N: the conversion fails instead of loading it partly."""
-    model = meta_model(converter, 'hgnetv2_n')
+    model = meta_model('hgnetv2_n')
     dfine = {
         k: torch.zeros(v)
         for k, v in manifest('dfine_hgnetv2_n_coco_keys.json',
                              DFINE_DATA).items()
         if not k.endswith('num_points_scale')
     }
-    with pytest.raises(converter.ConversionError) as error:
-        converter.convert_detector_state_dict(dfine, model, lambda line: None)
+    with pytest.raises(CheckpointConversionError) as error:
+        deimv2.convert_deimv2_state_dict(dfine, model, lambda line: None)
     assert 'swish_ffn' in str(error.value)
 
 
 @pytest.mark.parametrize('size', DINOV3_SIZES)
-def test_vit_files_load_into_the_vit(converter, size):
+def test_vit_files_load_into_the_vit(deimv2, size):
     """The backbone-only ViT file of each DINOv3 size (keys of upstream's
     ``dinov3`` / ``dinov3._model`` module) matches the port's ViT key
     for key, shape for shape."""
-    model = meta_model(converter, size)
+    model = meta_model(size)
     vit_file = {
         k: torch.zeros(v)
         for k, v in manifest(f'deimv2_{size}_vit_keys.json').items()
     }
-    assert converter.is_vit_checkpoint(vit_file)
-    converted = converter.convert_vit_state_dict(
+    assert deimv2.is_vit_checkpoint(vit_file)
+    converted = deimv2.convert_deimv2_vit_state_dict(
         vit_file, model.backbone.vit.state_dict(), lambda line: None)
     assert set(converted) == set(model.backbone.vit.state_dict())
 
 
-def test_a_vit_file_of_another_size_is_refused(converter):
+def test_a_vit_file_of_another_size_is_refused(deimv2):
     """Control: ViT-Tiny's file (S) against ViT-Tiny+ (M) fails."""
-    model = meta_model(converter, 'dinov3_m')
+    model = meta_model('dinov3_m')
     tiny = {
         k: torch.zeros(v)
         for k, v in manifest('deimv2_dinov3_s_vit_keys.json').items()
     }
-    with pytest.raises(converter.ConversionError, match='vittplus'):
-        converter.convert_vit_state_dict(tiny, model.backbone.vit.state_dict(),
-                                         lambda line: None)
+    with pytest.raises(CheckpointConversionError, match='vittplus'):
+        deimv2.convert_deimv2_vit_state_dict(tiny,
+                                             model.backbone.vit.state_dict(),
+                                             lambda line: None)
 
 
 @pytest.mark.parametrize('size,stage2_kept', [('hgnetv2_atto', False),
                                               ('hgnetv2_pico', True)])
-def test_b0_imagenet_file_loads_into_the_light_sizes(converter, size,
+def test_b0_imagenet_file_loads_into_the_light_sizes(deimv2, size,
                                                      stage2_kept):
     """B0's ImageNet file (keys of D-FINE-N's backbone manifest) into the
     three-stage sizes, as upstream loads it: every key of matching shape
@@ -197,10 +194,10 @@ def test_b0_imagenet_file_loads_into_the_light_sizes(converter, size,
         for k, v in manifest('dfine_hgnetv2_n_coco_keys.json',
                              DFINE_DATA).items() if k.startswith('backbone.')
     }
-    model = meta_model(converter, size)
+    model = meta_model(size)
     reference = model.backbone.state_dict()
-    kept = converter.convert_hgnetv2_state_dict(b0, reference,
-                                                lambda line: None)
+    kept = deimv2.convert_deimv2_hgnetv2_state_dict(b0, reference,
+                                                    lambda line: None)
     assert not any(k.startswith('stages.3.') for k in kept)
     assert all(
         k in kept for k in reference

@@ -3,7 +3,6 @@ refuses a missing or wrong checkout and an unknown size, and the format
 of its speed lines (the one tools/selftest.py reads from D-FINE's
 benchmark). The benchmark itself needs upstream's code and is not run in
 CI."""
-import importlib.util
 import os.path as osp
 
 import pytest
@@ -58,11 +57,10 @@ def test_accepts_a_checkout_and_names_the_sizes_it_has(bench, tmp_path,
     assert '--rounds must be at least 3, got 2' in capsys.readouterr().err
 
 
-def test_speed_lines_keep_the_format_the_selftest_reads(bench, capsys):
-    spec = importlib.util.spec_from_file_location(
-        'selftest', osp.join(REPO_ROOT, 'tools', 'selftest.py'))
-    selftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(selftest)
+def test_speed_lines_keep_the_format_the_selftest_reads(
+        bench, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(osp.join(REPO_ROOT, 'tools'))
+    import selftest
     figures = dict(
         port_cpu_s=0.2,
         upstream_cpu_s=0.25,

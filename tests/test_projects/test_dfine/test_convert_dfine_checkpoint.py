@@ -1,6 +1,6 @@
-"""tools/convert_dfine_checkpoint.py on checkpoints laid out as upstream's
-own models (``data/*_keys.json``, see data/README.md)."""
-import importlib.util
+"""D-FINE's checkpoint conversion (what tools/convert_dfine_checkpoint.py
+runs; its command line once) on checkpoints laid out as upstream's own
+models (``data/*_keys.json``, see data/README.md)."""
 import json
 import os.path as osp
 import subprocess
@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from mmddp_ext.utils import CheckpointConversionError, build_reference_model
 from .dfine_utils import REPO_ROOT, SIZES, import_project, model_config
 
 HERE = osp.dirname(osp.abspath(__file__))
@@ -23,13 +24,9 @@ UPSTREAM_REG_SCALE = {'x': 8.0}
 
 
 @pytest.fixture(scope='module')
-def converter():
-    import_project()
-    spec = importlib.util.spec_from_file_location('convert_dfine_checkpoint',
-                                                  CONVERTER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def dfine():
+    """The D-FINE package, whose conversion the CLI runs."""
+    return import_project()
 
 
 def manifest(size: str) -> dict:
@@ -62,13 +59,13 @@ def synthetic_checkpoint(size: str, seed: int = 0) -> dict:
 
 
 @pytest.mark.parametrize('size', SIZES)
-def test_every_upstream_key_converts_and_loads(converter, size):
+def test_every_upstream_key_converts_and_loads(dfine, size):
     upstream = synthetic_checkpoint(size)
-    model = converter.reference_model(model_config(size))
+    model = build_reference_model(model_config(size))
     log = []
-    converted = converter.convert_state_dict(upstream, model.state_dict(),
-                                             converter.model_num_points(model),
-                                             log.append)
+    converted = dfine.convert_dfine_state_dict(upstream, model.state_dict(),
+                                               dfine.decoder_num_points(model),
+                                               log.append)
     handled = {line.split()[1] for line in log if line.startswith('map')}
     handled |= {line.split()[1] for line in log if line.startswith('skip')}
     assert handled == set(upstream)
@@ -97,75 +94,75 @@ def test_every_upstream_key_converts_and_loads(converter, size):
     assert torch.equal(model.decoder.reg_scale, upstream['decoder.reg_scale'])
 
 
-def test_frozen_backbone_norms_get_num_batches_tracked(converter):
+def test_frozen_backbone_norms_get_num_batches_tracked(dfine):
     """L freezes the backbone's BN (upstream FrozenBatchNorm2d: no
     counter); the converter fills the counter our BN layers have."""
     upstream = synthetic_checkpoint('l')
     key = 'backbone.stem.stem1.bn.num_batches_tracked'
     assert key not in upstream
-    converted = converter.convert_state_dict(upstream, log=lambda _: None)
+    converted = dfine.convert_dfine_state_dict(upstream, log=lambda _: None)
     assert converted[key].item() == 0
 
 
-def _conversion_error(converter, upstream, reference=None, points=None):
-    with pytest.raises(converter.ConversionError) as error:
-        converter.convert_state_dict(
+def _conversion_error(dfine, upstream, reference=None, points=None):
+    with pytest.raises(CheckpointConversionError) as error:
+        dfine.convert_dfine_state_dict(
             upstream, reference, points, log=lambda _: None)
     return str(error.value)
 
 
-def test_refuses_what_does_not_fit(converter):
-    model = converter.reference_model(model_config('n'))
+def test_refuses_what_does_not_fit(dfine):
+    model = build_reference_model(model_config('n'))
     upstream = synthetic_checkpoint('n')
     upstream['decoder.extra.weight'] = torch.zeros(1)
     wrong_points = 'decoder.decoder.layers.1.cross_attn.num_points_scale'
     upstream[wrong_points] = torch.tensor([1 / 4] * 4 + [1 / 8] * 8)
     upstream['decoder.decoder.up'] = torch.tensor([0.25])
-    message = _conversion_error(converter, upstream, model.state_dict(),
-                                converter.model_num_points(model))
+    message = _conversion_error(dfine, upstream, model.state_dict(),
+                                dfine.decoder_num_points(model))
     assert 'unmapped upstream key: decoder.extra.weight' in message
     assert f'{wrong_points}: the checkpoint samples [4, 8] points' in message
     assert 'config [6, 6]' in message
     assert 'decoder.decoder.up ([0.25]) differs from decoder.up' in message
 
 
-def test_refuses_a_checkpoint_of_another_size(converter):
-    model = converter.reference_model(model_config('n'))
-    message = _conversion_error(converter, synthetic_checkpoint('s'),
+def test_refuses_a_checkpoint_of_another_size(dfine):
+    model = build_reference_model(model_config('n'))
+    message = _conversion_error(dfine, synthetic_checkpoint('s'),
                                 model.state_dict(),
-                                converter.model_num_points(model))
+                                dfine.decoder_num_points(model))
     assert 'shape mismatch: neck.input_proj.0.conv.weight' in message
     assert 'converted key not in the model' in message
 
 
-def test_refuses_deploy_form(converter):
+def test_refuses_deploy_form(dfine):
     """After upstream's deploy() conv + BN pairs are fused
     (``conv_bn_fused``) and RepVGG blocks too: refused with the fix."""
     upstream = synthetic_checkpoint('n')
     upstream['encoder.lateral_convs.0.conv_bn_fused.weight'] = torch.zeros(
         128, 128, 1, 1)
     del upstream['encoder.lateral_convs.0.conv.weight']
-    message = _conversion_error(converter, upstream)
+    message = _conversion_error(dfine, upstream)
     assert "come from upstream's deploy()" in message
     assert 'saved by training' in message
 
 
-def test_imagenet_backbone_file(converter):
+def test_imagenet_backbone_file(dfine):
     """Upstream's PPHGNetV2_B0_stage1.pth has the backbone's own names: it
     passes as it is, checked against the config's backbone."""
-    model = converter.reference_model(model_config('s'))
+    model = build_reference_model(model_config('s'))
     upstream = {
         k[len('backbone.'):]: v
         for k, v in synthetic_checkpoint('s').items()
         if k.startswith('backbone.')
     }
-    assert converter.is_backbone_checkpoint(upstream)
-    converted = converter.convert_backbone_state_dict(
+    assert dfine.is_hgnetv2_checkpoint(upstream)
+    converted = dfine.convert_hgnetv2_state_dict(
         upstream, model.backbone.state_dict(), log=lambda _: None)
     assert model.backbone.load_state_dict(converted, strict=True)
 
 
-def test_command_line(converter, tmp_path):
+def test_command_line(tmp_path):
     """The CLI takes upstream's EMA weights, checks them against the N
     config and writes a file ``load_from`` reads."""
     src, dst = str(tmp_path / 'dfine_n.pth'), str(tmp_path / 'out.pth')

@@ -1,4 +1,6 @@
-"""tools/convert_rtdetr_checkpoint.py on synthetic upstream checkpoints.
+"""RT-DETR's checkpoint conversion (the package's
+``convert_rtdetr_state_dict``) and its command line,
+tools/convert_rtdetr_checkpoint.py, on synthetic upstream checkpoints.
 
 ``data/rtdetr_r18vd_v{1,2}_keys.json`` pin the key/shape layout of
 upstream's r18vd (lyuwenyu/RT-DETR ``rtdetr_pytorch`` and
@@ -7,36 +9,22 @@ upstream's r18vd (lyuwenyu/RT-DETR ``rtdetr_pytorch`` and
 of the encoder input projections, ``proj``/``norm`` of ``enc_output`` and
 three derived buffers (anchors, valid mask, ``num_points_scale``).
 """
-import importlib.util
 import json
 import os.path as osp
 import subprocess
 import sys
-from unittest import mock
 
 import pytest
 import torch
 
+from mmddp_ext.utils import CheckpointConversionError
 from .rtdetr_utils import R18VD_CONFIG, REPO_ROOT, import_project
 from .upstream_layout import synthetic_state_dict
 
 DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
-CONVERTER = osp.join(REPO_ROOT, 'tools', 'convert_rtdetr_checkpoint.py')
-
-
-def _load_converter():
-    """tools/ is no package: load the script as a module."""
-    spec = importlib.util.spec_from_file_location('convert_rtdetr_checkpoint',
-                                                  CONVERTER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-converter = _load_converter()
-ConversionError = converter.ConversionError
-convert_state_dict = converter.convert_state_dict
-select_state_dict = converter.select_state_dict
+TOOLS = osp.join(REPO_ROOT, 'tools')
+CONVERTER = osp.join(TOOLS, 'convert_rtdetr_checkpoint.py')
+rtdetr = import_project()
 
 
 def upstream_state_dict(version: int, seed: int = 0) -> dict:
@@ -59,7 +47,7 @@ def r18vd_model():
 def test_converted_checkpoint_loads_strictly(version, r18vd_model):
     upstream = upstream_state_dict(version)
     lines = []
-    converted = convert_state_dict(
+    converted = rtdetr.convert_rtdetr_state_dict(
         upstream, r18vd_model.state_dict(), log=lines.append)
     derived = 5 if version == 2 else 0  # anchors, valid_mask, 3 scales
     assert sum(line.startswith('map ') for line in lines) == \
@@ -100,18 +88,20 @@ def test_unknown_and_misshaped_keys_fail_loudly(r18vd_model):
     upstream = upstream_state_dict(1)
     upstream['decoder.some_new_head.weight'] = torch.zeros(3)
     with pytest.raises(
-            ConversionError,
+            CheckpointConversionError,
             match='unmapped upstream key: '
             'decoder.some_new_head.weight'):
-        convert_state_dict(upstream, reference, log=lambda line: None)
+        rtdetr.convert_rtdetr_state_dict(
+            upstream, reference, log=lambda line: None)
 
     upstream = upstream_state_dict(1)
     upstream['decoder.enc_score_head.weight'] = torch.zeros(91, 256)
     with pytest.raises(
-            ConversionError,
+            CheckpointConversionError,
             match='shape mismatch: '
             r'bbox_head.cls_branches.3.weight .*\(91, 256\)'):
-        convert_state_dict(upstream, reference, log=lambda line: None)
+        rtdetr.convert_rtdetr_state_dict(
+            upstream, reference, log=lambda line: None)
 
     # upstream deploy() adds the fused conv next to conv1/conv2: skipped
     upstream = upstream_state_dict(1)
@@ -119,38 +109,42 @@ def test_unknown_and_misshaped_keys_fail_loudly(r18vd_model):
     upstream[f'{block}.conv.weight'] = torch.zeros(128, 128, 3, 3)
     upstream[f'{block}.conv.bias'] = torch.zeros(128)
     lines = []
-    converted = convert_state_dict(upstream, reference, log=lines.append)
+    converted = rtdetr.convert_rtdetr_state_dict(
+        upstream, reference, log=lines.append)
     assert f'skip  {block}.conv.bias (deploy-form copy of conv1 + conv2)' \
         in lines and len(converted) == len(reference)
     # without the training-form branches there is nothing to convert from
     for key in [k for k in upstream if k.startswith(f'{block}.conv')]:
         if '.conv1.' in key or '.conv2.' in key:
             del upstream[key]
-    with pytest.raises(ConversionError, match='only in fused deploy form'):
-        convert_state_dict(upstream, log=lambda line: None)
+    with pytest.raises(
+            CheckpointConversionError, match='only in fused deploy form'):
+        rtdetr.convert_rtdetr_state_dict(upstream, log=lambda line: None)
 
     # v2 per-level num_points: mmcv's attention samples n on every level
     upstream = upstream_state_dict(2)
     scale = 'decoder.decoder.layers.1.cross_attn.num_points_scale'
     upstream[scale] = torch.tensor([1 / 4] * 4 + [1 / 2] * 2 + [1 / 2] * 2)
-    with pytest.raises(ConversionError, match='per-level num_points'):
-        convert_state_dict(upstream, log=lambda line: None)
+    with pytest.raises(
+            CheckpointConversionError, match='per-level num_points'):
+        rtdetr.convert_rtdetr_state_dict(upstream, log=lambda line: None)
     upstream[scale] = torch.full((12, ), 0.25)
-    convert_state_dict(upstream, log=lambda line: None)
+    rtdetr.convert_rtdetr_state_dict(upstream, log=lambda line: None)
 
     upstream = upstream_state_dict(1)
     del upstream['decoder.query_pos_head.layers.1.bias']
     with pytest.raises(
-            ConversionError,
+            CheckpointConversionError,
             match='model key missing from the '
             'checkpoint: query_pos_head.layers.1.bias'):
-        convert_state_dict(upstream, reference, log=lambda line: None)
+        rtdetr.convert_rtdetr_state_dict(
+            upstream, reference, log=lambda line: None)
 
 
 def test_ema_weights_are_preferred_and_frozen_bn_is_filled():
     model = upstream_state_dict(1, seed=1)
     ema = upstream_state_dict(1, seed=2)
-    weights, source = select_state_dict({
+    weights, source = rtdetr.select_upstream_weights({
         'model': model,
         'ema': {
             'module': ema,
@@ -163,12 +157,12 @@ def test_ema_weights_are_preferred_and_frozen_bn_is_filled():
         k: v
         for k, v in ema.items() if not k.endswith('num_batches_tracked')
     }
-    converted = convert_state_dict(frozen, log=lambda line: None)
+    converted = rtdetr.convert_rtdetr_state_dict(frozen, log=lambda line: None)
     assert converted['backbone.stem.1.num_batches_tracked'].item() == 0
     assert len(converted) == len(ema)
 
 
-def test_cli_exit_codes(tmp_path, capsys):
+def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
     good = upstream_state_dict(2)
     torch.save({'model': good}, tmp_path / 'good.pth')
     bad = dict(good, **{'decoder.extra.weight': torch.zeros(2)})
@@ -195,10 +189,13 @@ def test_cli_exit_codes(tmp_path, capsys):
     assert 'unmapped upstream key: decoder.extra.weight' in failed.stderr
     assert not osp.exists(tmp_path / 'bad.pth.out')
 
-    # further cases in-process (same main(), no interpreter start-up)
+    # further cases in-process (same main(), no interpreter start-up);
+    # tools/ is no package: a plain import, with tools/ on the path
+    monkeypatch.syspath_prepend(TOOLS)
+    import convert_rtdetr_checkpoint
+
     def main(*argv):
-        with mock.patch.object(sys, 'argv', ['convert', *map(str, argv)]):
-            return converter.main()
+        return convert_rtdetr_checkpoint.main(list(map(str, argv)))
 
     torch.save({'model': good}, tmp_path / 'rtdetrv2_r18vd_dsp_3x_coco.pth')
     assert main(tmp_path / 'rtdetrv2_r18vd_dsp_3x_coco.pth',

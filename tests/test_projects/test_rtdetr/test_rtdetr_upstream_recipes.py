@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from .rtdetr_utils import import_project
-from .test_convert_rtdetr_checkpoint import DATA, converter
+from .test_convert_rtdetr_checkpoint import DATA
 from .test_rtdetr_zoo import ZOO_CONFIGS, build, model_cfg, zoo_config
 
 UPSTREAM_YML = {
@@ -80,7 +80,8 @@ def upstream_values(version: int, name: str) -> Values:
     names = list(upstream)
     # the converter maps whole state dicts (the encoder head's index is
     # the decoder's layer count): tag each tensor with its position
-    converted = converter.convert_state_dict(
+    rtdetr = import_project()
+    converted = rtdetr.convert_rtdetr_state_dict(
         {
             key: torch.tensor(i)
             for i, key in enumerate(names)

@@ -16,11 +16,13 @@ import os.path as osp
 import pytest
 import torch
 
+from mmddp_ext.utils import CheckpointConversionError
 from . import upstream_layout
 from .rtdetr_utils import REPO_ROOT, import_project
-from .test_convert_rtdetr_checkpoint import DATA, converter
+from .test_convert_rtdetr_checkpoint import DATA
 
 CONFIGS = osp.join(REPO_ROOT, 'projects', 'RT-DETR', 'configs')
+rtdetr = import_project()
 ZOO_CONFIGS = {
     (1, 'r18vd'): 'rtdetr_r18vd_6x_coco.py',
     (1, 'r34vd'): 'rtdetr_r34vd_6x_coco.py',
@@ -89,10 +91,10 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
     upstream = upstream_layout.synthetic_state_dict(
         upstream_layout.presnet_layout(depth, frozen))
     assert len(upstream) == {18: 138, 50: 275}[depth]
-    assert converter.is_backbone_checkpoint(upstream)
+    assert rtdetr.is_presnet_checkpoint(upstream)
     # negative control: the detector mode leaves every key unmapped
-    with pytest.raises(converter.ConversionError) as error:
-        converter.convert_state_dict(upstream, log=lambda line: None)
+    with pytest.raises(CheckpointConversionError) as error:
+        rtdetr.convert_rtdetr_state_dict(upstream, log=lambda line: None)
     assert str(error.value).count('unmapped upstream key') == len(upstream)
 
     cfg = model_cfg(config)
@@ -100,7 +102,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
     path = tmp_path / 'presnet.pth'
     reference = build(cfg.backbone).state_dict()
     torch.save(
-        converter.convert_backbone_state_dict(
+        rtdetr.convert_presnet_state_dict(
             upstream, reference, log=lambda line: None), path)
     cfg.backbone.init_cfg.checkpoint = str(path)
     model = build(cfg.backbone)
@@ -134,7 +136,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
         for name, p in model.named_parameters() if p.requires_grad
     }
     expected = {
-        converter.convert_backbone_state_dict(
+        rtdetr.convert_presnet_state_dict(
             {
                 key: torch.zeros(1)
             }, log=lambda line: None).popitem()[0]
@@ -156,7 +158,7 @@ def test_imagenet_backbone_loads_through_init_cfg_and_freezes_as_upstream(
 def test_zoo_checkpoint_converts_and_loads_strictly(version, name):
     upstream = synthetic_zoo_checkpoint(version, name)
     model = build(model_cfg(ZOO_CONFIGS[(version, name)]), meta=True)
-    converted = converter.convert_state_dict(
+    converted = rtdetr.convert_rtdetr_state_dict(
         upstream, model.state_dict(), log=lambda line: None)
     result = model.load_state_dict(converted, strict=True, assign=True)
     assert not result.missing_keys and not result.unexpected_keys
@@ -171,8 +173,8 @@ def test_r101vd_decoder_input_projection_follows_feat_channels():
     # negative control: the 256 -> 256 projection of the other sizes
     cfg.feat_channels = None
     model = build(cfg, meta=True)
-    with pytest.raises(converter.ConversionError) as error:
-        converter.convert_state_dict(
+    with pytest.raises(CheckpointConversionError) as error:
+        rtdetr.convert_rtdetr_state_dict(
             upstream, model.state_dict(), log=lambda line: None)
     assert str(error.value).count('shape mismatch: input_proj.') == 3
 
@@ -187,7 +189,7 @@ def test_m_model_predicts_from_decoder_layer_3():
     model = build(cfg)
     upstream = synthetic_zoo_checkpoint(2, 'r50vd_m', seed=1)
     model.load_state_dict(
-        converter.convert_state_dict(
+        rtdetr.convert_rtdetr_state_dict(
             upstream, model.state_dict(), log=lambda line: None),
         strict=True)
     model.eval()

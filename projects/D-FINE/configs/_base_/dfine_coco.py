@@ -2,7 +2,7 @@
 # dfine/include/dataloader.yml and include/optimizer.yml), the parts every
 # size shares; the dfine_hgnetv2_{n,s,m,l,x}_coco.py configs set the rest
 # (parameter groups, lr, epochs, the policy's stop epoch, multi-scale
-# sizes, batch size).
+# sizes; batch size where it is not 4 per GPU, 32 in all).
 # - Data: RT-DETRv2's, which D-FINE's dataloader.yml repeats (photometric
 #   distortion, zoom-out, IoU crop, flip, 640 x 640); from stop_epoch on
 #   neither those three nor multi-scale batches (RTDETRAugmentStopHook).

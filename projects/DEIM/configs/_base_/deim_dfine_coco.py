@@ -1,8 +1,9 @@
 # DEIM's COCO recipe for D-FINE models (upstream DEIM configs/base/deim.yml
 # over dfine_hgnetv2.yml, dataloader.yml, optimizer.yml, runtime.yml), the
 # parts every size shares; deim_hgnetv2_{n,s,m,l,x}_coco.py set the rest
-# (parameter groups, lr, epochs, flat / no-aug epochs, policy epochs, MixUp
-# window, multi-scale sizes, batch size).
+# (parameter groups, lr, MixUp window, multi-scale sizes, batch size; the
+# epochs, flat / no-aug epochs and policy epochs where they are not the
+# 58-epoch schedule below, upstream's for L and X).
 # - Dense O2O through the data: Mosaic (DEIMMosaic, DEIM's geometry) and
 #   collate-time MixUp, switched epoch by epoch as upstream's transforms
 #   policy and collate function do: EpochPolicyDataset (no Mosaic,

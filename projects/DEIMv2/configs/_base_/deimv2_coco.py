@@ -1,8 +1,9 @@
 # DEIMv2's COCO recipe (upstream configs/base/deimv2.yml over
 # dataloader.yml, optimizer.yml, runtime.yml), the parts every size shares;
-# deimv2_{size}_coco.py set the rest (model, parameter groups, lr, epochs,
-# flat / no-aug epochs, policy epochs, MixUp and Copy-Blend windows and
-# probabilities, multi-scale sizes, batch size, input size).
+# deimv2_{size}_coco.py set the rest (model, parameter groups, lr, MixUp
+# and Copy-Blend windows and probabilities, multi-scale sizes, batch size,
+# input size; the epochs, flat / no-aug epochs and policy epochs where they
+# are not DEIM's 58-epoch schedule).
 # - DEIM's recipe machinery (projects/DEIM, deim_dfine_coco.py): Mosaic /
 #   photometric distortion / zoom-out / IoU crop switched by the epoch
 #   policy (EpochPolicyDataset), collate-time MixUp and multi-scale
