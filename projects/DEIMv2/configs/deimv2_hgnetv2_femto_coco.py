@@ -47,7 +47,9 @@ model = dict(
     decoder=dict(
         layer_cfg=dict(embed_dims=embed_dims, feedforward_channels=256)),
     bbox_head=dict(embed_dims=embed_dims),
-    test_cfg=dict(max_per_img=150))
+    # upstream's PostProcessor keeps num_top_queries=300 (configs/base/
+    # deimv2.yml) of the 150 queries x classes, whatever num_queries is
+    test_cfg=dict(max_per_img=300))
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline, mosaic_prob=0.5))
 val_dataloader = dict(dataset=dict(pipeline=test_pipeline))
 test_dataloader = val_dataloader
