@@ -22,17 +22,10 @@ if [ -z "$CONFIG" ] || [ -z "$NPROC" ]; then
     echo "$NAME: CONFIG and NPROC are required. $usage" >&2
     exit 2
 fi
-if [[ "$CONFIG" == *::* ]]; then
-    # package::relative (MMDet's installed zoo): train.py's own resolver
-    # checks it once here, before any rank starts.
-    "${PYTHON:-python3}" -c 'import sys; sys.path.insert(0, sys.argv[1])
-from train import config_file
-config_file(sys.argv[2], sys.argv[3])' "$(dirname "${BASH_SOURCE[0]}")" \
-        "$CONFIG" "$NAME" || exit 2
-elif [ ! -f "$CONFIG" ]; then
-    echo "$NAME: config file '$CONFIG' does not exist. $usage" >&2
-    exit 2
-fi
+# checked once here, before any rank starts
+# shellcheck source=launch_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/launch_checks.sh"
+check_config "$NAME" "$CONFIG" "$usage"
 if ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
     echo "$NAME: NPROC must be a positive integer (ranks per node)," \
          "got '$NPROC'. $usage" >&2

@@ -33,17 +33,10 @@ PARTITION="$1"
 JOB_NAME="$2"
 CONFIG="$3"
 LEAD="$4"
-if [[ "$CONFIG" == *::* ]]; then
-    # package::relative (MMDet's installed zoo): train.py's own resolver
-    # checks it once here, before srun starts any task.
-    "${PYTHON:-python3}" -c 'import sys; sys.path.insert(0, sys.argv[1])
-from train import config_file
-config_file(sys.argv[2], sys.argv[3])' "$(dirname "${BASH_SOURCE[0]}")" \
-        "$CONFIG" "$NAME" || exit 2
-elif [ ! -f "$CONFIG" ]; then
-    echo "$NAME: config file '$CONFIG' does not exist. $usage" >&2
-    exit 2
-fi
+# checked once here, before srun starts any task
+# shellcheck source=launch_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/launch_checks.sh"
+check_config "$NAME" "$CONFIG" "$usage"
 
 GPUS="${GPUS:-8}"
 if [[ "$GPUS" =~ ^[1-9][0-9]*$ ]] && [ "$GPUS" -lt 8 ]; then
