@@ -140,6 +140,14 @@ class SlurmCluster:
                     f'{restarts} within {timeout} s; last seen: '
                     f'{info or "forgotten by Slurm"}')
 
+    def release(self, job_id: str) -> None:
+        """Start a requeued job now instead of after Slurm's requeue delay
+        (a pending job's begin time moved to now)."""
+        result = self.run('scontrol', 'update', f'JobId={job_id}',
+                          'StartTime=now')
+        if result.returncode != 0:
+            pytest.fail(f'scontrol update {job_id}: {result.stderr}')
+
     def cancel(self, job_id: str, signal: Optional[str] = None) -> None:
         """scancel the job, or send it ``signal`` (e.g. 'USR1'): without
         --batch/--full Slurm signals the tasks of its steps, not the batch
