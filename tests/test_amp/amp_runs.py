@@ -3,8 +3,11 @@ iterations with an ``AmpOptimWrapper`` config (float16, dynamic loss scale,
 as upstream's recipes) under ``ExtRunner``, recorded by
 :class:`AmpRecordHook`, which also compares the first iteration's losses
 under float16 autocast with float32 ones (same weights, same batch)."""
+import faulthandler
 import math
+import os
 import os.path as osp
+import pickle
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -17,6 +20,10 @@ from torch.utils._pytree import tree_flatten
 from ..helpers import REPO_ROOT
 
 ITERS = 8
+# Each run's limit, checked in the ranks (train_families). Measured quiet:
+# 2-10 s after another run in the same ranks, up to 17 s as the first run
+# of its ranks (CO-DINO; the runs after a failed one start new ranks).
+RUN_LIMIT_S = 90
 LR = 5e-4
 # RT-DETR-tiny at its config's lr: with 5e-4 or 1e-4 (and RT-DETRv2's
 # xavier init of the projections) the loss of its first batch rose over
@@ -75,9 +82,15 @@ def amp_config(family: str, data_root: str, work_dir: str):
     settings), constant lr, plain DDP, an unshuffled sampler (rank 1 reads
     only the GT-less odd images), no evaluation or checkpoint."""
     from mmengine.config import Config
+    from mmengine.utils import import_modules_from_strings
     config, side, overrides = FAMILIES[family]
     cfg = Config.fromfile(osp.join(REPO_ROOT, config))
     cfg.merge_from_dict(overrides)
+    if 'custom_imports' in overrides:
+        # Config.fromfile imports the file's own custom_imports, nothing
+        # imports merged ones: DEIM-RTDETRv2 ran only after DEIM-HGNetv2's
+        # config had imported projects.DEIM in the same process.
+        import_modules_from_strings(**cfg.custom_imports)
     pipeline = [
         dict(type='LoadImageFromFile'),
         dict(type='LoadAnnotations', with_bbox=True),
@@ -307,6 +320,13 @@ def _value(loss) -> float:
 def train_families(data_root: str, work_root: str,
                    runs: List[Tuple[str, str, int]]) -> Dict[str, dict]:
     """On every rank: each run in turn, built and trained by ExtRunner.
+    Each run's result is saved (:func:`saved_result` reads it back) as
+    soon as it is done, so that the runs before one that fails or hangs
+    still count.
+
+    A run may take ``RUN_LIMIT_S``; past it the rank exits with every
+    thread's stack in its log (``faulthandler``, whose watchdog thread
+    also fires while the main thread waits in a collective).
 
     Args:
         data_root (str): The generated data (rank 1 reads only the GT-less
@@ -321,28 +341,61 @@ def train_families(data_root: str, work_root: str,
         loss of the first batch, optimizer wrapper type, autocast dtype and
         wall time.
     """
-    from mmengine.registry import RUNNERS
+    import torch.distributed as dist
 
     import mmddp_ext  # noqa: F401
     results = {}
     for name, family, iters in runs:
-        start = time.perf_counter()
-        cfg = amp_config(family, data_root, osp.join(work_root, name))
-        cfg.train_cfg.max_iters = iters
-        runner = RUNNERS.build(cfg)
-        confident = name.endswith('_confident')
-        hook = AmpRecordHook(CONFIDENT_BIAS if confident else None)
-        runner.register_hook(hook)
-        runner.train()
-        wrapper = runner.optim_wrapper
-        results[name] = dict(
-            records=hook.records,
-            compare=hook.compare,
-            final_loss=hook.final_loss,
-            wrapper=type(wrapper).__name__,
-            cast_dtype=str(getattr(wrapper, 'cast_dtype', None)),
-            seconds=time.perf_counter() - start)
+        faulthandler.dump_traceback_later(RUN_LIMIT_S, exit=True)
+        try:
+            results[name] = _train_run(data_root, work_root, name, family,
+                                       iters)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        _save(results[name], _result_path(work_root, name, dist.get_rank()))
     return results
+
+
+def saved_result(work_root: str, name: str, rank: int) -> Optional[dict]:
+    """What :func:`train_families` saved for run ``name`` on ``rank``;
+    None if that run did not finish there."""
+    path = _result_path(work_root, name, rank)
+    if not osp.exists(path):
+        return None
+    with open(path, 'rb') as f:
+        return pickle.load(f)
+
+
+def _result_path(work_root: str, name: str, rank: int) -> str:
+    return osp.join(work_root, name, f'rank{rank}_result.pkl')
+
+
+def _save(result: dict, path: str) -> None:
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    with open(path + '.tmp', 'wb') as f:
+        pickle.dump(result, f)
+    os.replace(path + '.tmp', path)  # a reader sees all of it or nothing
+
+
+def _train_run(data_root: str, work_root: str, name: str, family: str,
+               iters: int) -> dict:
+    from mmengine.registry import RUNNERS
+    start = time.perf_counter()
+    cfg = amp_config(family, data_root, osp.join(work_root, name))
+    cfg.train_cfg.max_iters = iters
+    runner = RUNNERS.build(cfg)
+    confident = name.endswith('_confident')
+    hook = AmpRecordHook(CONFIDENT_BIAS if confident else None)
+    runner.register_hook(hook)
+    runner.train()
+    wrapper = runner.optim_wrapper
+    return dict(
+        records=hook.records,
+        compare=hook.compare,
+        final_loss=hook.final_loss,
+        wrapper=type(wrapper).__name__,
+        cast_dtype=str(getattr(wrapper, 'cast_dtype', None)),
+        seconds=time.perf_counter() - start)
 
 
 def train_without_matching_upcast(

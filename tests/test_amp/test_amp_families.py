@@ -5,7 +5,8 @@ ranks, rank 1 reading only GT-less images.
 
 One launch (``amp_runs``) trains each family in turn with ``ExtRunner``
 (``tests/test_amp/amp_runs.py``), recorded on every rank; the tests read
-its records:
+its records, and a family that fails or runs past its limit fails only its
+own tests (``AmpRuns``):
 
 - the recipe builds ``ExtAmpOptimWrapper`` (float16 autocast);
 - the loss scale settles: from 65536 the scaler skips the first steps
@@ -27,12 +28,14 @@ stops in its first iteration with scipy's "matrix contains invalid numeric
 entries", as users of float16 matching saw it.
 """
 import math
-import time
+from typing import Dict, List
 
 import pytest
 
+from mmddp_ext.launch.rank_launcher import FAILURE_GRACE_S, STARTUP_LIMIT_S
 from mmddp_ext.testing import MultiRankError, make_synthetic_coco, run_on_ranks
-from .amp_runs import (FAMILIES, ITERS, relative_tolerance, train_families,
+from .amp_runs import (FAMILIES, ITERS, RUN_LIMIT_S, relative_tolerance,
+                       saved_result, train_families,
                        train_without_matching_upcast)
 
 WORLD_SIZE = 2
@@ -52,6 +55,15 @@ RUNS = [(family, family, ITERS) for family in FAMILIES] + [CONFIDENT]
 # A term whose targets do not depend on the predictions: every denoising
 # query is assigned its own GT, so float16 cannot change its matching.
 DN = 'dn'
+# One launch trains every run in turn: measured 34 s at the quietest, 51-69
+# s in pytest beside other users' load 3-5 (the fork server's start
+# included), 123 s in the suite (tests/file_durations.json).
+LAUNCH_LIMIT_S = 300
+# The test that starts a launch (the file's first; a later one after a
+# failed run) holds it, the launcher's limit for starting the ranks and its
+# grace for a failed rank's peers, and a margin for reporting.
+pytestmark = pytest.mark.timeout(LAUNCH_LIMIT_S + STARTUP_LIMIT_S +
+                                 FAILURE_GRACE_S + 20)
 
 
 @pytest.fixture(scope='module')
@@ -61,26 +73,72 @@ def data_root(tmp_path_factory):
     return f'{root}/'
 
 
+class AmpRuns:
+    """The ``RUNS`` on ``WORLD_SIZE`` ranks, as their tests ask for them.
+
+    The first request launches every run from the one asked for on, in
+    turn (one launch pays for the ranks' imports and warm-up once). A run
+    that fails or passes its limit fails only its own tests: the runs
+    before it were saved as each finished, the runs after it start in a
+    new launch when their tests ask for them.
+    """
+
+    def __init__(self, data_root: str, work_root: str):
+        self.data_root = data_root
+        self.work_root = work_root
+        self._waiting = list(RUNS)
+        self._done: Dict[str, List[dict]] = {}
+        self._failed: Dict[str, str] = {}
+
+    def of(self, name: str) -> List[dict]:
+        """Each rank's result of run ``name``; fails the calling test with
+        the launch's error and every rank's log if the run did not
+        finish."""
+        waiting = [run[0] for run in self._waiting]
+        if name in waiting:
+            start = waiting.index(name)
+            self._waiting = self._waiting[:start] + self._launch(
+                self._waiting[start:])
+        if name in self._failed:
+            pytest.fail(self._failed[name], pytrace=False)
+        return self._done[name]
+
+    def _launch(self, runs: list) -> list:
+        """Train ``runs`` in one launch; returns those it did not reach."""
+        error = None
+        try:
+            run_on_ranks(
+                train_families,
+                WORLD_SIZE,
+                args=(self.data_root, self.work_root, runs),
+                timeout=LAUNCH_LIMIT_S)
+        except MultiRankError as failure:
+            error = failure
+        for index, (name, _, _) in enumerate(runs):
+            ranks = [
+                saved_result(self.work_root, name, rank)
+                for rank in range(WORLD_SIZE)
+            ]
+            if None in ranks:
+                self._failed[name] = (
+                    f'AMP run {name!r} did not finish (limits: '
+                    f'{RUN_LIMIT_S} s for the run, checked in the ranks, '
+                    'where one past it exits with "Timeout" and every '
+                    f"thread's stack in its log; {LAUNCH_LIMIT_S} s for "
+                    f'the launch):\n{error}')
+                return runs[index + 1:]
+            self._done[name] = ranks
+        return []
+
+
 @pytest.fixture(scope='module')
 def amp_runs(data_root, tmp_path_factory):
-    work = tmp_path_factory.mktemp('amp_work')
-    start = time.perf_counter()
-    ranks = run_on_ranks(
-        train_families,
-        WORLD_SIZE,
-        args=(data_root, str(work), RUNS),
-        timeout=270)  # 61-76 s measured under load; the global limit 300
-    ranks[0]['wall_s'] = time.perf_counter() - start
-    return ranks
-
-
-def _both(amp_runs, name):
-    return [rank[name] for rank in amp_runs]
+    return AmpRuns(data_root, str(tmp_path_factory.mktemp('amp_work')))
 
 
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_amp_recipe_trains_in_float16_on_cpu_ranks(amp_runs, family):
-    for run in _both(amp_runs, family):
+    for run in amp_runs.of(family):
         assert run['wrapper'] == 'ExtAmpOptimWrapper'
         assert run['cast_dtype'] == 'torch.float16'
         assert len(run['records']) == ITERS
@@ -94,7 +152,7 @@ def _settle(records):
 
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_loss_scale_settles_the_same_on_every_rank(amp_runs, family):
-    runs = _both(amp_runs, family)
+    runs = amp_runs.of(family)
     for run in runs:
         records = run['records']
         skipped = _settle(records)
@@ -116,7 +174,7 @@ def test_loss_scale_settles_the_same_on_every_rank(amp_runs, family):
 
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_losses_finite_with_the_same_keys_on_every_rank(amp_runs, family):
-    runs = _both(amp_runs, family)
+    runs = amp_runs.of(family)
     for rank, run in enumerate(runs):
         for i, record in enumerate(run['records']):
             assert record['all_finite'], (rank, i)
@@ -127,7 +185,7 @@ def test_losses_finite_with_the_same_keys_on_every_rank(amp_runs, family):
 
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_loss_of_the_first_batch_falls(amp_runs, family):
-    runs = _both(amp_runs, family)
+    runs = amp_runs.of(family)
     before = sum(run['compare']['loss']['float16'] for run in runs)
     after = sum(run['final_loss'] for run in runs)
     assert math.isfinite(after) and after < before, (before, after)
@@ -154,7 +212,7 @@ def test_float16_agrees_with_float32_on_the_first_batch(amp_runs, family):
     term would.
     """
     deviations = []
-    for rank, run in enumerate(_both(amp_runs, family)):
+    for rank, run in enumerate(amp_runs.of(family)):
         compare = run['compare']
         dn_terms = [key for key in compare if DN in key]
         assert dn_terms, sorted(compare)
@@ -174,7 +232,7 @@ def test_float16_agrees_with_float32_on_the_first_batch(amp_runs, family):
 
 def test_confident_classifier_trains_with_float32_matching(amp_runs):
     name, _, iters = CONFIDENT
-    for rank, run in enumerate(_both(amp_runs, name)):
+    for rank, run in enumerate(amp_runs.of(name)):
         assert len(run['records']) == iters
         assert all(r['all_finite'] for r in run['records']), rank
 
