@@ -33,6 +33,21 @@ Every mapped key is printed. The conversion fails (exit code 1) on the
 conditions ``tools/convert_dfine_checkpoint.py`` lists, on unequal copies
 of a shared branch, and, with ``--config``, on ViT keys or shapes that
 differ from the config's ViT.
+
+With ``--to-upstream`` it converts the other way: a checkpoint of ours
+(MMEngine's, from training or from this tool) becomes a file in upstream's
+layout, for upstream's ``train.py -r`` / ``-t`` and
+``tools/deployment/export_onnx.py``; ``--config`` is required (the anchors
+upstream caches are for its test size):
+
+    python tools/convert_deimv2_checkpoint.py --to-upstream \
+        work_dirs/deimv2_hgnetv2_atto_coco/epoch_500.pth \
+        deimv2_atto_upstream.pth \
+        --config projects/DEIMv2/configs/deimv2_hgnetv2_atto_coco.py
+
+``model`` holds the raw weights and, when the checkpoint has EMAHook's
+``ema_state_dict``, ``ema`` holds the EMA weights (``module``, which
+upstream evaluates and exports) and the update count (``updates``).
 """
 import argparse
 import os.path as osp
@@ -46,6 +61,7 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 from mmddp_ext.utils import checkpoint_conversion  # noqa: E402
+from mmddp_ext.utils import converter_cli  # noqa: E402
 
 # Under the names the configs' custom_imports give the packages (their
 # directories have hyphens), so that their components register once.
@@ -55,53 +71,44 @@ deimv2 = import_module('projects.DEIMv2.deimv2')
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        'src', help='upstream DEIMv2 checkpoint, ViT or HGNetv2 file')
-    parser.add_argument('dst', help='output file')
-    parser.add_argument(
-        '--config',
-        help='our model config; checks every shape, the sampling points, '
-        'the shared branches and that no model key is missing '
-        '(recommended)')
-    parser.add_argument(
-        '--trust-pickle',
-        action='store_true',
-        help='load the source with weights_only=False (only for files you '
-        'trust, if the safe loader refuses it)')
-    return parser.parse_args(argv)
+    parser = converter_cli.converter_arg_parser(
+        __doc__,
+        src_help='upstream DEIMv2 checkpoint, ViT or HGNetv2 file; with '
+        '--to-upstream, a checkpoint of ours',
+        dst_help='output file',
+        config_help='our model config; checks every shape, the sampling '
+        'points, the shared branches and that no model key is missing '
+        '(recommended)',
+        eval_size_help="with --to-upstream: upstream's eval_spatial_size, "
+        "for its anchors (default: the config's test Resize)")
+    return converter_cli.parse_converter_args(parser, argv)
+
+
+def from_upstream(args: argparse.Namespace, upstream, source):
+    """A DEIMv2 checkpoint, a ViT or an HGNetv2 file, for the port."""
+    model = (
+        checkpoint_conversion.build_reference_model(args.config)
+        if args.config else None)
+    if deimv2.is_vit_checkpoint(upstream):
+        print(f'converting {len(upstream)} tensors (ViT) from {source}')
+        return deimv2.convert_deimv2_vit_state_dict(
+            upstream, model and model.backbone.vit.state_dict())
+    if dfine.is_hgnetv2_checkpoint(upstream):
+        print(f'converting {len(upstream)} tensors (HGNetv2) from {source}')
+        return deimv2.convert_deimv2_hgnetv2_state_dict(
+            upstream, model and model.backbone.state_dict())
+    print(f'converting {len(upstream)} tensors (DEIMv2) from {source}')
+    return deimv2.convert_deimv2_state_dict(upstream, model)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    try:
-        checkpoint = checkpoint_conversion.load_upstream_checkpoint(
-            args.src, args.trust_pickle)
-        upstream, source = rtdetr.select_upstream_weights(checkpoint)
-        model = (
-            checkpoint_conversion.build_reference_model(args.config)
-            if args.config else None)
-        if deimv2.is_vit_checkpoint(upstream):
-            print(f'converting {len(upstream)} tensors (ViT) from {source}')
-            converted = deimv2.convert_deimv2_vit_state_dict(
-                upstream, model and model.backbone.vit.state_dict())
-        elif dfine.is_hgnetv2_checkpoint(upstream):
-            print(f'converting {len(upstream)} tensors (HGNetv2) from '
-                  f'{source}')
-            converted = deimv2.convert_deimv2_hgnetv2_state_dict(
-                upstream, model and model.backbone.state_dict())
-        else:
-            print(f'converting {len(upstream)} tensors (DEIMv2) from '
-                  f'{source}')
-            converted = deimv2.convert_deimv2_state_dict(upstream, model)
-    except checkpoint_conversion.CheckpointConversionError as error:
-        print(error, file=sys.stderr)
-        return 1
-    checkpoint_conversion.save_converted_checkpoint(converted, args.dst,
-                                                    args.src, source, print)
-    return 0
+    if args.to_upstream:
+        return converter_cli.run_to_upstream(
+            args, dfine.dfine_upstream_converter(args.eval_size))
+    return converter_cli.run_from_upstream(
+        args, rtdetr.select_upstream_weights,
+        lambda upstream, source: from_upstream(args, upstream, source))
 
 
 if __name__ == '__main__':

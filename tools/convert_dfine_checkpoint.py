@@ -23,6 +23,21 @@ has no rule, when the checkpoint was saved after upstream's ``deploy()``
 the model's, the model has keys the checkpoint lacks, or the checkpoint's
 sampling points per level (``num_points_scale``) differ from the config's
 ``num_points``.
+
+With ``--to-upstream`` it converts the other way: a checkpoint of ours
+(MMEngine's, from training or from this tool) becomes a file in upstream's
+layout, for upstream's ``train.py -r`` / ``-t`` and
+``tools/deployment/export_onnx.py``; ``--config`` is required (the anchors
+upstream caches are for its test size):
+
+    python tools/convert_dfine_checkpoint.py --to-upstream \
+        work_dirs/dfine_hgnetv2_n_coco/epoch_160.pth dfine_n_upstream.pth \
+        --config projects/D-FINE/configs/dfine_hgnetv2_n_coco.py
+
+``model`` holds the raw weights and, when the checkpoint has EMAHook's
+``ema_state_dict``, ``ema`` holds the EMA weights (``module``, which
+upstream evaluates and exports) and the update count (``updates``).
+DEIM's D-FINE-based checkpoints convert here too.
 """
 import argparse
 import os.path as osp
@@ -36,6 +51,7 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 from mmddp_ext.utils import checkpoint_conversion  # noqa: E402
+from mmddp_ext.utils import converter_cli  # noqa: E402
 
 # Under the names the configs' custom_imports give the packages (their
 # directories have hyphens), so that their components register once.
@@ -44,49 +60,42 @@ dfine = import_module('projects.D-FINE.dfine')
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        'src', help='upstream D-FINE / DEIM or HGNetv2 checkpoint (.pth)')
-    parser.add_argument('dst', help='output file')
-    parser.add_argument(
-        '--config',
-        help='our model config; checks every shape, the sampling points '
-        'and that no model key is missing (recommended)')
-    parser.add_argument(
-        '--trust-pickle',
-        action='store_true',
-        help='load the source with weights_only=False (only for files you '
-        'trust, if the safe loader refuses it)')
-    return parser.parse_args(argv)
+    parser = converter_cli.converter_arg_parser(
+        __doc__,
+        src_help='upstream D-FINE / DEIM or HGNetv2 checkpoint (.pth); with '
+        '--to-upstream, a checkpoint of ours',
+        dst_help='output file',
+        config_help='our model config; checks every shape, the sampling '
+        'points and that no model key is missing (recommended)',
+        eval_size_help="with --to-upstream: upstream's eval_spatial_size, "
+        "for its anchors (default: the config's test Resize)")
+    return converter_cli.parse_converter_args(parser, argv)
+
+
+def from_upstream(args: argparse.Namespace, upstream, source):
+    """A D-FINE checkpoint or an HGNetv2 file, for the port."""
+    backbone = dfine.is_hgnetv2_checkpoint(upstream)
+    kind = 'ImageNet HGNetv2 backbone' if backbone else 'D-FINE'
+    print(f'converting {len(upstream)} tensors ({kind}) from {source}')
+    model = (
+        checkpoint_conversion.build_reference_model(args.config)
+        if args.config else None)
+    if backbone:
+        return dfine.convert_hgnetv2_state_dict(
+            upstream, model and model.backbone.state_dict())
+    return dfine.convert_dfine_state_dict(
+        upstream, model and model.state_dict(),
+        model and dfine.decoder_num_points(model))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    try:
-        checkpoint = checkpoint_conversion.load_upstream_checkpoint(
-            args.src, args.trust_pickle)
-        upstream, source = rtdetr.select_upstream_weights(checkpoint)
-        backbone = dfine.is_hgnetv2_checkpoint(upstream)
-        kind = 'ImageNet HGNetv2 backbone' if backbone else 'D-FINE'
-        print(f'converting {len(upstream)} tensors ({kind}) from {source}')
-        model = (
-            checkpoint_conversion.build_reference_model(args.config)
-            if args.config else None)
-        if backbone:
-            converted = dfine.convert_hgnetv2_state_dict(
-                upstream, model and model.backbone.state_dict())
-        else:
-            converted = dfine.convert_dfine_state_dict(
-                upstream, model and model.state_dict(),
-                model and dfine.decoder_num_points(model))
-    except checkpoint_conversion.CheckpointConversionError as error:
-        print(error, file=sys.stderr)
-        return 1
-    checkpoint_conversion.save_converted_checkpoint(converted, args.dst,
-                                                    args.src, source, print)
-    return 0
+    if args.to_upstream:
+        return converter_cli.run_to_upstream(
+            args, dfine.dfine_upstream_converter(args.eval_size))
+    return converter_cli.run_from_upstream(
+        args, rtdetr.select_upstream_weights,
+        lambda upstream, source: from_upstream(args, upstream, source))
 
 
 if __name__ == '__main__':

@@ -7,8 +7,10 @@ from .decoupled_distillation_focal_loss import DecoupledDistillationFocalLoss
 from .dfine import DFINE
 from .dfine_cdn_query_generator import DFINECdnQueryGenerator
 from .dfine_checkpoint_conversion import (convert_dfine_state_dict,
+                                          convert_dfine_to_upstream,
                                           convert_hgnetv2_state_dict,
                                           decoder_num_points,
+                                          dfine_upstream_converter,
                                           is_hgnetv2_checkpoint)
 from .dfine_decoder_layers import (FP16_MAX, MLP, DFINEDecoder,
                                    PerLevelDeformableAttention)
@@ -26,5 +28,6 @@ __all__ = [
     'dfine_upstream_param_names', 'FineGrainedLocalizationLoss', 'FP16_MAX',
     'HGNetv2', 'MLP', 'ModelEMA', 'ModelEMAHook',
     'PerLevelDeformableAttention', 'convert_dfine_state_dict',
+    'convert_dfine_to_upstream', 'dfine_upstream_converter',
     'convert_hgnetv2_state_dict', 'decoder_num_points', 'is_hgnetv2_checkpoint'
 ]

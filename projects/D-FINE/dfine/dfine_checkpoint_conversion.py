@@ -8,7 +8,9 @@ and saving are ``mmddp_ext.utils.checkpoint_conversion``'s.
 ``tools/convert_dfine_checkpoint.py`` is the command line (it picks a
 file's weights with RT-DETR's ``select_upstream_weights``: upstream
 saves them as RT-DETR does); ``dfine_upstream_param_names`` is this
-table's inverse.
+table's inverse, which :func:`convert_dfine_to_upstream` applies to write
+the port's weights in upstream's layout (``--to-upstream``; DEIM-D-FINE
+and DEIMv2 too).
 """
 import re
 from typing import Callable, Dict, List, Optional, Tuple
@@ -19,7 +21,10 @@ import torch.nn as nn
 from mmddp_ext.utils import (CheckpointConversionError,
                              check_against_reference,
                              convert_submodule_state_dict,
-                             fill_num_batches_tracked, strip_module_prefix)
+                             derived_decoder_buffers, drop_num_batches_tracked,
+                             fill_num_batches_tracked, rename_to_upstream,
+                             strip_module_prefix, upstream_eval_size)
+from .dfine_upstream_param_names import upstream_name
 
 Log = Callable[[str], None]
 StateDict = Dict[str, torch.Tensor]
@@ -212,3 +217,88 @@ def decoder_num_points(model: nn.Module) -> List[List[int]]:
         list(layer.cross_attn.num_points_list)
         for layer in model.decoder.layers
     ]
+
+
+def convert_dfine_to_upstream(state: StateDict,
+                              model: nn.Module,
+                              eval_size: Tuple[int, int] = (640, 640),
+                              log: Log = print) -> StateDict:
+    """The port's state dict in upstream's names and layout, the inverse of
+    :func:`convert_dfine_state_dict`, for upstream's ``train.py -r/-t``
+    and ``tools/deployment/export_onnx.py`` (which load strictly). Serves
+    D-FINE, DEIM-D-FINE and DEIMv2, whose decoders keep D-FINE's names.
+
+    Names come from the inverse table (``dfine_upstream_param_names``).
+    What the forward conversion drops or fills is undone here:
+
+    - the BN counters it fills for a frozen backbone (``freeze_norm``:
+      upstream's ``FrozenBatchNorm2d`` stores none) are dropped;
+    - the buffers it skips as derived are written: ``decoder.anchors`` and
+      ``decoder.valid_mask`` for ``eval_size`` (the model's
+      ``generate_anchors`` on its feature levels at that size, bit for bit
+      upstream's ``_generate_anchors``), each decoder layer's
+      ``num_points_scale`` (``1 / n`` per point of a level sampling ``n``,
+      float32, as upstream builds it), and the inner decoder's
+      ``decoder.decoder.up`` / ``reg_scale``, the tensors of
+      ``decoder.up`` / ``reg_scale`` (one shared parameter upstream);
+    - the deploy-form keys it refuses have no inverse: upstream saves the
+      training form.
+
+    Where a config shares a branch (DEIMv2 Atto, Femto, Pico), the port's
+    state dict repeats it under every layer index, as upstream saves it.
+
+    Args:
+        state (dict): The port's state dict.
+        model (nn.Module): The config's model, on any device (``'meta'``
+            suffices): its keys and shapes check ``state``; it gives the
+            decoder depth, the backbone's frozen norms, the sampling points
+            and the feature levels.
+        eval_size (tuple[int, int]): Upstream's ``eval_spatial_size``
+            (height, width), for the anchors. Defaults to (640, 640).
+        log (callable): Receives one line per key. Defaults to ``print``.
+
+    Returns:
+        dict: The upstream state dict.
+
+    Raises:
+        CheckpointConversionError: listing every problem at once.
+    """
+    problems = check_against_reference(state, model.state_dict())
+    if getattr(model.backbone, 'freeze_norm', False):
+        state = drop_num_batches_tracked(state, 'backbone.', log)
+    num_layers = len(model.bbox_head.cls_branches) - 1
+    upstream, unnamed = rename_to_upstream(
+        state, lambda key: upstream_name(key, num_layers), log)
+    problems += unnamed
+    for name in ('up', 'reg_scale'):
+        if f'decoder.{name}' in upstream:
+            upstream[f'decoder.decoder.{name}'] = upstream[f'decoder.{name}']
+            log(f'copy  decoder.decoder.{name} = decoder.{name}')
+    upstream.update(
+        derived_decoder_buffers(model, eval_size, decoder_num_points(model),
+                                log))
+    if problems:
+        raise CheckpointConversionError(
+            'D-FINE conversion to upstream failed:\n  ' +
+            '\n  '.join(problems))
+    return upstream
+
+
+def dfine_upstream_converter(eval_size: Optional[Tuple[int, int]] = None):
+    """What ``--to-upstream`` of the D-FINE-family converters runs
+    (D-FINE, DEIM-D-FINE and DEIMv2 share upstream's D-FINE names):
+    ``converter(cfg, model)`` binds :func:`convert_dfine_to_upstream` to
+    the config's model and test size.
+
+    Args:
+        eval_size (tuple[int, int], optional): Upstream's
+            ``eval_spatial_size``; None takes the config's test Resize.
+            Defaults to None.
+    """
+
+    def converter(cfg, model: nn.Module):
+        size = upstream_eval_size(cfg, eval_size)
+        return ((lambda state, log: convert_dfine_to_upstream(
+            state, model, size, log)), None)
+
+    return converter

@@ -12,6 +12,7 @@ from .rtdetr_augment_stop_hook import RTDETRAugmentStopHook
 from .rtdetr_cdn_query_generator import RTDETRCdnQueryGenerator
 from .rtdetr_checkpoint_conversion import (convert_presnet_state_dict,
                                            convert_rtdetr_state_dict,
+                                           convert_rtdetr_to_upstream,
                                            is_presnet_checkpoint,
                                            refuse_discrete_sampling,
                                            select_upstream_weights)
@@ -32,6 +33,7 @@ __all__ = [
     'rtdetr_upstream_param_names', 'AIFIEncoder', 'ConvNormLayer',
     'CSPRepLayer', 'RepVggBlock', 'RTDETRDecoderLayer', 'StaticTensorCache',
     'build_activation', 'conv_norm', 'convert_presnet_state_dict',
-    'convert_rtdetr_state_dict', 'is_presnet_checkpoint',
-    'refuse_discrete_sampling', 'select_upstream_weights'
+    'convert_rtdetr_state_dict', 'convert_rtdetr_to_upstream',
+    'is_presnet_checkpoint', 'refuse_discrete_sampling',
+    'select_upstream_weights'
 ]

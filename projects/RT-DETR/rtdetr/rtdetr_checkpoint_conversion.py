@@ -7,18 +7,24 @@ upstream's trainer saves, which D-FINE, DEIM and DEIMv2 kept, so their
 converters take it from here; loading, the checks against a config's
 model and saving are ``mmddp_ext.utils.checkpoint_conversion``'s.
 ``tools/convert_rtdetr_checkpoint.py`` is the command line;
-``rtdetr_upstream_param_names`` is this table's inverse.
+``rtdetr_upstream_param_names`` is this table's inverse, which
+:func:`convert_rtdetr_to_upstream` applies to write the port's weights in
+upstream's layout (``--to-upstream``).
 """
 import os.path as osp
 import re
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn as nn
 
 from mmddp_ext.utils import (CheckpointConversionError,
                              check_against_reference,
                              convert_submodule_state_dict,
-                             fill_num_batches_tracked, strip_module_prefix)
+                             derived_decoder_buffers, drop_num_batches_tracked,
+                             fill_num_batches_tracked, rename_to_upstream,
+                             strip_module_prefix)
+from .rtdetr_upstream_param_names import VERSIONS, upstream_name
 
 Log = Callable[[str], None]
 StateDict = Dict[str, torch.Tensor]
@@ -281,3 +287,76 @@ def refuse_discrete_sampling(src: str) -> None:
             'the non-dsp checkpoint of the same model instead (e.g. '
             'rtdetrv2_r18vd_120e_coco.pth for rtdetrv2_r18vd_dsp_3x); rename '
             'the file if it is not a dsp model.')
+
+
+def convert_rtdetr_to_upstream(state: StateDict,
+                               model: nn.Module,
+                               version: int,
+                               eval_size: Optional[Tuple[int,
+                                                         int]] = (640, 640),
+                               log: Log = print) -> StateDict:
+    """The port's state dict in upstream's names and layout, the inverse of
+    :func:`convert_rtdetr_state_dict`, for upstream's ``train.py -r/-t``
+    and ``tools/export_onnx.py`` (which load strictly).
+
+    Names come from the inverse table (``rtdetr_upstream_param_names``,
+    v1's or v2's). What the forward conversion drops or fills is undone
+    here:
+
+    - the BN counters it fills for a frozen backbone (upstream's
+      ``freeze_norm``, the port's ``norm_cfg.requires_grad=False``:
+      ``FrozenBatchNorm2d`` stores none) are dropped;
+    - v2's buffers it skips as derived are written: ``decoder.anchors`` and
+      ``decoder.valid_mask`` for ``eval_size`` (the model's
+      ``generate_anchors`` on its feature levels at that size, bit for bit
+      upstream's ``_generate_anchors``) and each decoder layer's
+      ``num_points_scale`` (``1 / num_points`` per point, float32, as
+      upstream builds it);
+    - the deploy-form RepVGG convs it skips are not written: upstream saves
+      the training form;
+    - discrete-sampling (``_dsp``) files, which it refuses, have no
+      inverse: the port samples bilinearly, so the result is for upstream's
+      default ``cross_attn_method``.
+
+    Args:
+        state (dict): The port's state dict.
+        model (nn.Module): The config's model, on any device (``'meta'``
+            suffices): its keys and shapes check ``state``; it gives the
+            decoder depth, the backbone's frozen norms, the sampling points
+            and the feature levels.
+        version (int): 1 for ``rtdetr_pytorch``'s names, 2 for
+            ``rtdetrv2_pytorch``'s.
+        eval_size (tuple[int, int], optional): Upstream's
+            ``eval_spatial_size`` (height, width), for v2's anchors (v1
+            caches none). Defaults to (640, 640).
+        log (callable): Receives one line per key. Defaults to ``print``.
+
+    Returns:
+        dict: The upstream state dict.
+
+    Raises:
+        ValueError: ``version`` is not 1 or 2.
+        CheckpointConversionError: listing every problem at once.
+    """
+    if version not in VERSIONS:
+        raise ValueError(f'version must be 1 (rtdetr_pytorch) or 2 '
+                         f'(rtdetrv2_pytorch), got {version!r}.')
+    problems = check_against_reference(state, model.state_dict())
+    norm_cfg = getattr(model.backbone, 'norm_cfg', None) or {}
+    if norm_cfg.get('requires_grad', True) is False:
+        state = drop_num_batches_tracked(state, 'backbone.', log)
+    num_layers = len(model.bbox_head.cls_branches) - 1
+    upstream, unnamed = rename_to_upstream(
+        state, lambda key: upstream_name(key, version, num_layers), log)
+    problems += unnamed
+    if version == 2:
+        layer_points = [[layer.cross_attn.num_points] *
+                        layer.cross_attn.num_levels
+                        for layer in model.decoder.layers]
+        upstream.update(
+            derived_decoder_buffers(model, eval_size, layer_points, log))
+    if problems:
+        raise CheckpointConversionError(
+            'RT-DETR conversion to upstream failed:\n  ' +
+            '\n  '.join(problems))
+    return upstream

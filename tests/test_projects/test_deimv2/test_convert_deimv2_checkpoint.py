@@ -5,15 +5,20 @@ every size's detector checkpoint, the ViT files the DINOv3 sizes start
 from, and B0's ImageNet file for the light sizes.
 
 Models are built on the meta device (shapes only, no arithmetic): the
-port's key set and shapes are what these tests compare."""
+port's key set and shapes are what these tests compare. Back to upstream's
+layout (D-FINE's ``convert_dfine_to_upstream``, ``--to-upstream``):
+upstream -> port -> upstream is the identity on every tensor."""
 import json
 import os.path as osp
 
 import pytest
 import torch
 
-from mmddp_ext.utils import CheckpointConversionError, build_reference_model
+from mmddp_ext.utils import (CheckpointConversionError, build_reference_model,
+                             compare_state_dicts, upstream_eval_size)
+from ...test_utils.test_checkpoint_conversion import emahook_checkpoint
 from ..test_dfine.dfine_utils import import_project as import_dfine
+from ..test_rtdetr.upstream_layout import with_upstream_anchors
 from .deimv2_utils import (DATA, DINOV3_SIZES, REPO_ROOT, SIZES, coco_config,
                            coco_meta_model, import_project)
 
@@ -204,3 +209,76 @@ def test_b0_imagenet_file_loads_into_the_light_sizes(deimv2, size,
         if k.startswith(('stem.', 'stages.0.', 'stages.1.')))
     stage2 = [k for k in reference if k.startswith('stages.2.')]
     assert all(k in kept for k in stage2) == stage2_kept
+
+
+# --- back to upstream's layout -------------------------------------------
+# upstream's eval_spatial_size and feat_strides (configs/deimv2/*.yml)
+ANCHORS = {
+    'hgnetv2_atto': dict(eval_size=(320, 320), strides=(16, 32)),
+    'dinov3_s': dict(eval_size=(640, 640), strides=(8, 16, 32)),
+}
+
+
+def upstream_checkpoint(size: str, model, seed: int = 0) -> dict:
+    """``size`` in upstream's layout: random weights, upstream's derived
+    buffers, a shared branch saved under every index as upstream does."""
+    state = synthetic_checkpoint(size,
+                                 import_dfine().decoder_num_points(model)[0],
+                                 seed)
+    if model.bbox_head.share_bbox_head:
+        share_like_upstream(state, model.decoder.num_layers)
+    return with_upstream_anchors(state, **ANCHORS[size])
+
+
+@pytest.mark.parametrize('size', sorted(ANCHORS))
+def test_round_trip_through_the_port_is_the_identity(deimv2, size):
+    """Same keys, dtypes and bits, with what the port derives (anchors
+    of the size's eval size, valid mask, num_points_scale, up /
+    reg_scale's inner copies) and Atto's shared box branch."""
+    model = meta_model(size)
+    upstream = upstream_checkpoint(size, model)
+    quiet = lambda line: None  # noqa: E731
+    port = deimv2.convert_deimv2_state_dict(upstream, model, quiet)
+    back = import_dfine().convert_dfine_to_upstream(
+        port, model, ANCHORS[size]['eval_size'], quiet)
+    assert compare_state_dicts(upstream, back) == []
+
+
+@pytest.mark.parametrize('size', SIZES)
+def test_the_inverse_gives_upstreams_keys(size):
+    """Every size, keys and shapes only (the meta model's own state dict,
+    the anchors of the COCO config's test size): upstream's manifest."""
+    cfg, model = coco_meta_model(size)
+    back = import_dfine().convert_dfine_to_upstream(
+        model.state_dict(), model, upstream_eval_size(cfg),
+        lambda line: None)
+    layout = {k: list(v.shape) for k, v in back.items()}
+    assert layout == manifest(f'deimv2_{size}_coco_keys.json')
+
+
+def test_command_line_to_upstream(deimv2, tmp_path, monkeypatch):
+    """``--to-upstream`` in-process (the command line's main()) for Atto:
+    its config's test size (320) gives upstream's anchors; ``model`` and
+    ``ema`` equal the upstream weights they came from."""
+    monkeypatch.syspath_prepend(osp.join(REPO_ROOT, 'tools'))
+    import convert_deimv2_checkpoint
+    model = meta_model('hgnetv2_atto')
+    raw, ema = (upstream_checkpoint('hgnetv2_atto', model, seed)
+                for seed in (1, 2))
+    quiet = lambda line: None  # noqa: E731
+    src, dst = tmp_path / 'ours.pth', tmp_path / 'up.pth'
+    torch.save(
+        emahook_checkpoint(
+            deimv2.convert_deimv2_state_dict(raw, log=quiet),
+            deimv2.convert_deimv2_state_dict(ema, log=quiet), 5), src)
+    assert convert_deimv2_checkpoint.main([
+        '--to-upstream',
+        str(src),
+        str(dst), '--config',
+        coco_config('hgnetv2_atto')
+    ]) == 0
+    saved = torch.load(dst, weights_only=True)
+    assert set(saved) == {'date', 'model', 'ema'}
+    assert saved['ema']['updates'] == 5
+    assert compare_state_dicts(raw, saved['model']) == []
+    assert compare_state_dicts(ema, saved['ema']['module']) == []

@@ -1,15 +1,23 @@
 """D-FINE's checkpoint conversion (what tools/convert_dfine_checkpoint.py
 runs; its command line once) on checkpoints laid out as upstream's own
-models (``data/*_keys.json``, see data/README.md)."""
+models (``data/*_keys.json``, see data/README.md), and back to upstream's
+layout (``convert_dfine_to_upstream``, ``--to-upstream``): upstream ->
+port -> upstream is the identity on every tensor, and a broken inverse
+fails that check."""
+import functools
 import json
 import os.path as osp
 import subprocess
 import sys
+from importlib import import_module
 
 import pytest
 import torch
 
-from mmddp_ext.utils import CheckpointConversionError, build_reference_model
+from mmddp_ext.utils import (CheckpointConversionError, build_reference_model,
+                             compare_state_dicts)
+from ...test_utils.test_checkpoint_conversion import emahook_checkpoint
+from ..test_rtdetr.upstream_layout import with_upstream_anchors
 from .dfine_utils import REPO_ROOT, SIZES, import_project, model_config
 
 HERE = osp.dirname(osp.abspath(__file__))
@@ -180,3 +188,119 @@ def test_command_line(tmp_path):
     converted = torch.load(dst, weights_only=True)['state_dict']
     assert torch.equal(converted['bbox_head.cls_branches.3.weight'],
                        upstream['decoder.enc_score_head.weight'])
+
+
+# --- back to upstream's layout -------------------------------------------
+COCO_N = osp.join(REPO_ROOT, 'projects', 'D-FINE', 'configs',
+                  'dfine_hgnetv2_n_coco.py')
+# upstream's dfine_hgnetv2_n_coco.yml: eval_spatial_size 640, strides 16, 32
+N_ANCHORS = dict(eval_size=(640, 640), strides=(16, 32))
+
+
+@functools.lru_cache(maxsize=None)
+def meta_model(size: str, freeze_norm: bool = False):
+    """The size's model on the meta device (shapes only), once per
+    process; ``freeze_norm`` as upstream's (FrozenBatchNorm2d)."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(model_config(size))
+    if freeze_norm:
+        cfg.merge_from_dict({'model.backbone.freeze_norm': True})
+    return build_reference_model(cfg, device='meta')
+
+
+def upstream_n(seed: int = 0, frozen: bool = False) -> dict:
+    """N in upstream's layout, with upstream's anchor buffers; ``frozen``:
+    no counters in the backbone."""
+    state = with_upstream_anchors(synthetic_checkpoint('n', seed),
+                                  **N_ANCHORS)
+    if frozen:
+        state = {
+            k: v
+            for k, v in state.items() if not (k.startswith('backbone.') and
+                                              k.endswith('batches_tracked'))
+        }
+    return state
+
+
+def round_trip(dfine, upstream: dict, model) -> dict:
+    quiet = lambda line: None  # noqa: E731
+    port = dfine.convert_dfine_state_dict(upstream, model.state_dict(),
+                                          dfine.decoder_num_points(model),
+                                          quiet)
+    return dfine.convert_dfine_to_upstream(port, model, (640, 640), quiet)
+
+
+@pytest.mark.parametrize('frozen', [False, True])
+def test_round_trip_through_the_port_is_the_identity(dfine, frozen):
+    """Same keys, dtypes and bits, with what the port derives (anchors,
+    valid mask, num_points_scale, the inner decoder's up / reg_scale) and
+    the counters frozen norms lack."""
+    upstream = upstream_n(frozen=frozen)
+    back = round_trip(dfine, upstream, meta_model('n', frozen))
+    assert compare_state_dicts(upstream, back) == []
+
+
+def test_the_inverse_gives_upstreams_keys_for_l(dfine):
+    """Keys and shapes only (the meta model's own state dict): L's config
+    freezes the backbone norms, which lose their counters."""
+    model = meta_model('l')
+    back = dfine.convert_dfine_to_upstream(model.state_dict(), model,
+                                           log=lambda line: None)
+    assert {k: list(v.shape) for k, v in back.items()} == manifest('l')
+
+
+def test_a_broken_inverse_fails_the_round_trip(dfine, monkeypatch):
+    """Negative controls: two names swapped show as exactly their keys; a
+    dropped table entry is refused, naming the key."""
+    conversion = import_module('projects.D-FINE.dfine.'
+                               'dfine_checkpoint_conversion')
+    names = import_module('projects.D-FINE.dfine.dfine_upstream_param_names')
+    upstream, model = upstream_n(), meta_model('n')
+    swap = {
+        'decoder.enc_score_head.bias': 'decoder.dec_score_head.0.bias',
+        'decoder.dec_score_head.0.bias': 'decoder.enc_score_head.bias'
+    }
+    real = conversion.upstream_name
+    with monkeypatch.context() as patch:
+        patch.setattr(conversion, 'upstream_name',
+                      lambda *args: swap.get(real(*args), real(*args)))
+        problems = compare_state_dicts(upstream,
+                                       round_trip(dfine, upstream, model))
+    assert problems == [f'values: {k}' for k in upstream if k in swap]
+
+    table = names._rules
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            names, '_rules', lambda *args: [
+                rule for rule in table(*args)
+                if rule[0].pattern != r'decoder\.(up|reg_scale)$'
+            ])
+        with pytest.raises(CheckpointConversionError,
+                           match="No upstream D-FINE name for 'decoder.up'"):
+            round_trip(dfine, upstream, model)
+
+
+def test_command_line_to_upstream(dfine, tmp_path, capsys, monkeypatch):
+    """``--to-upstream`` in-process (the command line's main()): the raw
+    and EMA weights of an MMEngine checkpoint come back as upstream's
+    ``model`` and ``ema``, each equal to the upstream weights it came
+    from; the eval size is the COCO config's test size."""
+    monkeypatch.syspath_prepend(osp.join(REPO_ROOT, 'tools'))
+    import convert_dfine_checkpoint
+    quiet = lambda line: None  # noqa: E731
+    raw, ema = upstream_n(seed=1), upstream_n(seed=2)
+    src, dst = tmp_path / 'ours.pth', tmp_path / 'up.pth'
+    torch.save(
+        emahook_checkpoint(
+            dfine.convert_dfine_state_dict(raw, log=quiet),
+            dfine.convert_dfine_state_dict(ema, log=quiet), 77), src)
+    assert convert_dfine_checkpoint.main(
+        ['--to-upstream', str(src),
+         str(dst), '--config', COCO_N]) == 0
+    saved = torch.load(dst, weights_only=True)
+    assert set(saved) == {'date', 'model', 'ema'}
+    assert set(saved['ema']) == {'module', 'updates'}
+    assert saved['ema']['updates'] == 77
+    assert compare_state_dicts(raw, saved['model']) == []
+    assert compare_state_dicts(ema, saved['ema']['module']) == []
+    assert 'copy  decoder.decoder.up = decoder.up' in capsys.readouterr().out

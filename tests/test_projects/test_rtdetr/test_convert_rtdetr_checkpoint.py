@@ -8,18 +8,28 @@ upstream's r18vd (lyuwenyu/RT-DETR ``rtdetr_pytorch`` and
 3 decoder layers, 80 classes). v2 differs in the ``conv``/``norm`` names
 of the encoder input projections, ``proj``/``norm`` of ``enc_output`` and
 three derived buffers (anchors, valid mask, ``num_points_scale``).
+
+Back to upstream's layout (``convert_rtdetr_to_upstream``, ``--to-upstream``):
+upstream -> port -> upstream is the identity on every tensor, and a broken
+inverse table fails that check.
 """
+import functools
 import json
 import os.path as osp
+import re
 import subprocess
 import sys
+from importlib import import_module
 
 import pytest
 import torch
 
-from mmddp_ext.utils import CheckpointConversionError
+from mmddp_ext.utils import (CheckpointConversionError, build_reference_model,
+                             compare_state_dicts)
+from ...test_utils.test_checkpoint_conversion import emahook_checkpoint
 from .rtdetr_utils import R18VD_CONFIG, REPO_ROOT, import_project
-from .upstream_layout import synthetic_state_dict
+from .upstream_layout import (synthetic_state_dict, with_upstream_anchors,
+                              zoo_layout)
 
 DATA = osp.join(osp.dirname(osp.abspath(__file__)), 'data')
 TOOLS = osp.join(REPO_ROOT, 'tools')
@@ -216,3 +226,170 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
         main('--help')
     assert "A checkpoint saved after\nupstream's ``deploy()``" in \
         capsys.readouterr().out
+
+
+# --- back to upstream's layout -------------------------------------------
+# The COCO configs of each version; v1 and v2 share the port's model.
+CONFIGS = {
+    (1, 'r18vd'): 'rtdetr_r18vd_6x_coco.py',
+    (2, 'r18vd'): 'rtdetrv2_r18vd_120e_coco.py',
+    (1, 'r50vd'): 'rtdetr_r50vd_6x_coco.py',
+    (2, 'r101vd'): 'rtdetrv2_r101vd_6x_coco.py',
+}
+FROZEN_NORMS = {
+    'model.backbone.norm_cfg.requires_grad': False,
+    'model.backbone.norm_eval': True
+}
+
+
+def config_path(version: int, name: str = 'r18vd') -> str:
+    return osp.join(REPO_ROOT, 'projects', 'RT-DETR', 'configs',
+                    CONFIGS[version, name])
+
+
+@functools.lru_cache(maxsize=None)
+def meta_model(version: int, name: str = 'r18vd', frozen: bool = False):
+    """The config's model on the meta device (shapes only), once per
+    process; ``frozen`` freezes the backbone's norms (upstream's
+    ``freeze_norm``)."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(config_path(version, name))
+    if frozen:
+        cfg.merge_from_dict(FROZEN_NORMS)
+    return build_reference_model(cfg, device='meta')
+
+
+def upstream_checkpoint(version: int, seed: int = 0,
+                        frozen: bool = False) -> dict:
+    """r18vd in upstream's layout, with upstream's values in v2's anchor
+    buffers; ``frozen``: no counters in the backbone (FrozenBatchNorm2d)."""
+    state = with_upstream_anchors(
+        upstream_state_dict(version, seed), (640, 640), (8, 16, 32))
+    if frozen:
+        state = {
+            k: v
+            for k, v in state.items() if not (k.startswith('backbone.') and
+                                              k.endswith('batches_tracked'))
+        }
+    return state
+
+
+def round_trip(upstream: dict, version: int, model,
+               eval_size=(640, 640)) -> dict:
+    """upstream -> port (convert_rtdetr_state_dict, checked against the
+    model) -> upstream (convert_rtdetr_to_upstream)."""
+    quiet = lambda line: None  # noqa: E731
+    port = rtdetr.convert_rtdetr_state_dict(upstream, model.state_dict(),
+                                            log=quiet)
+    return rtdetr.convert_rtdetr_to_upstream(port, model, version,
+                                             eval_size, quiet)
+
+
+@pytest.mark.parametrize('version, frozen', [(1, False), (2, False),
+                                             (1, True)])
+def test_round_trip_through_the_port_is_the_identity(version, frozen):
+    """Same keys, dtypes and bits, the derived buffers (v2's anchors,
+    valid mask, num_points_scale) and the frozen BN counters included."""
+    upstream = upstream_checkpoint(version, frozen=frozen)
+    back = round_trip(upstream, version, meta_model(version, frozen=frozen))
+    assert compare_state_dicts(upstream, back) == []
+
+
+@pytest.mark.parametrize('version, name', [(1, 'r50vd'), (2, 'r101vd')])
+def test_the_inverse_gives_upstreams_keys_for_larger_sizes(version, name):
+    """Keys and shapes only (the meta model's own state dict): R50's
+    frozen backbone norms lose their counters, R101's 384-d encoder maps."""
+    model = meta_model(version, name)
+    back = rtdetr.convert_rtdetr_to_upstream(model.state_dict(), model,
+                                             version, log=lambda line: None)
+    assert {k: list(v.shape)
+            for k, v in back.items()} == zoo_layout(version, name)
+
+
+def test_a_broken_inverse_fails_the_round_trip(monkeypatch):
+    """Negative controls: the check names exactly the keys a broken table
+    or a wrong eval size gets wrong."""
+    names = import_module('projects.RT-DETR.rtdetr.'
+                          'rtdetr_upstream_param_names')
+    upstream = upstream_checkpoint(2)
+    model = meta_model(2)
+    assert compare_state_dicts(upstream, round_trip(upstream, 2, model)) == []
+
+    # two entries swapped: conv1/bn1 <-> conv2/bn2 of the backbone blocks
+    with monkeypatch.context() as patch:
+        patch.setitem(names._BRANCH, '1', 'b')
+        patch.setitem(names._BRANCH, '2', 'a')
+        problems = compare_state_dicts(upstream,
+                                       round_trip(upstream, 2, model))
+    swapped = {
+        k
+        for k in upstream if re.search(r'\.branch2[ab]\.', k)
+        # both counters hold the same value: a swap cannot show there
+        and not k.endswith('num_batches_tracked')
+    }
+    assert {line.split()[1] for line in problems} == swapped
+
+    # one entry dropped: v2's input projection convs fall through to the
+    # generic neck rule and come back under v1's Sequential index
+    table = names._rules
+    dropped = r'neck\.input_proj\.(\d+)\.0\.(.+)$'
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            names, '_rules', lambda *args:
+            [rule for rule in table(*args) if rule[0].pattern != dropped])
+        problems = compare_state_dicts(upstream,
+                                       round_trip(upstream, 2, model))
+    assert problems == (
+        [f'missing: encoder.input_proj.{i}.conv.weight' for i in range(3)] +
+        [f'extra: encoder.input_proj.{i}.0.weight' for i in range(3)])
+
+    # anchors of another eval size
+    problems = compare_state_dicts(
+        upstream, round_trip(upstream, 2, model, eval_size=(512, 512)))
+    assert problems == [
+        'shape: decoder.anchors (1, 8400, 4) -> (1, 5376, 4)',
+        'shape: decoder.valid_mask (1, 8400, 1) -> (1, 5376, 1)'
+    ]
+
+
+def test_cli_to_upstream(tmp_path, capsys, monkeypatch):
+    """``--to-upstream`` in-process (the same main() as the command line):
+    an MMEngine checkpoint with EMA becomes upstream's ``model`` (raw
+    weights) and ``ema`` (EMA weights, ``updates``; v1 also ``warmups``),
+    each equal to the upstream weights it came from (without EMA: see
+    tests/test_utils/test_checkpoint_conversion.py)."""
+    monkeypatch.syspath_prepend(TOOLS)
+    import convert_rtdetr_checkpoint
+
+    def main(*argv):
+        return convert_rtdetr_checkpoint.main(list(map(str, argv)))
+
+    quiet = lambda line: None  # noqa: E731
+    for version in (1, 2):
+        raw, ema = (upstream_checkpoint(version, seed) for seed in (1, 2))
+        torch.save(
+            emahook_checkpoint(
+                rtdetr.convert_rtdetr_state_dict(raw, log=quiet),
+                rtdetr.convert_rtdetr_state_dict(ema, log=quiet), 1234),
+            tmp_path / 'ours.pth')
+        assert main('--to-upstream', tmp_path / 'ours.pth',
+                    tmp_path / 'up.pth', '--config',
+                    config_path(version)) == 0
+        saved = torch.load(tmp_path / 'up.pth', weights_only=True)
+        fields = {'module', 'updates'} | ({'warmups'} if version == 1 else
+                                          set())
+        assert set(saved) == {'date', 'model', 'ema'}
+        assert set(saved['ema']) == fields
+        assert saved['ema']['updates'] == 1234
+        assert compare_state_dicts(raw, saved['model']) == []
+        assert compare_state_dicts(ema, saved['ema']['module']) == []
+    assert 'add   decoder.anchors (1, 8400, 4)' in capsys.readouterr().out
+
+    # a config of another model: refused, nothing written
+    assert main('--to-upstream', tmp_path / 'ours.pth', tmp_path / 'x.pth',
+                '--config', config_path(2, 'r101vd')) == 1
+    assert 'shape mismatch' in capsys.readouterr().err
+    assert not osp.exists(tmp_path / 'x.pth')
+    with pytest.raises(SystemExit):
+        main('--to-upstream', tmp_path / 'ours.pth', tmp_path / 'x.pth')
+    assert '--to-upstream needs --config' in capsys.readouterr().err

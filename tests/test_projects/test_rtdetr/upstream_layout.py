@@ -7,7 +7,9 @@ and ``rtdetrv2_decoder.py`` of ``rtdetr_pytorch`` and ``rtdetrv2_pytorch``):
 module names, nesting and tensor shapes, not code. ``data/
 make_upstream_layouts.py`` checks these functions against the modules of an
 upstream checkout for every zoo model, and regenerates the pinned r18vd
-layouts in ``data/`` that the tests compare them with.
+layouts in ``data/`` that the tests compare them with. The values of the
+anchor buffers, which the layouts give shapes of only, are upstream's
+arithmetic (:func:`upstream_anchors`), shared with the D-FINE family.
 """
 from typing import Dict, List, Sequence
 
@@ -245,4 +247,43 @@ def synthetic_state_dict(layout: Layout, seed: int = 0) -> dict:
             state[key] = torch.tensor(7)
         else:
             state[key] = 0.1 * torch.randn(shape, generator=gen)
+    return state
+
+
+def upstream_anchors(eval_size: Sequence[int], strides: Sequence[int]):
+    """The ``anchors`` and ``valid_mask`` buffers upstream caches for its
+    ``eval_spatial_size``: ``_generate_anchors`` (grid_size 0.05, eps
+    0.01) of RT-DETRv2's ``rtdetrv2_decoder.py``, D-FINE's
+    ``dfine_decoder.py`` and DEIM's / DEIMv2's ``engine/deim/*_decoder.py``
+    (the same code in the four trees, at the commits the data/ READMEs
+    pin), written out here so that tests compare the port with upstream's
+    arithmetic, not with itself."""
+    import torch
+    eval_h, eval_w = eval_size
+    anchors = []
+    for lvl, s in enumerate(strides):
+        h, w = int(eval_h / s), int(eval_w / s)
+        grid_y, grid_x = torch.meshgrid(
+            torch.arange(h), torch.arange(w), indexing='ij')
+        grid_xy = torch.stack([grid_x, grid_y], dim=-1)
+        grid_xy = (grid_xy.unsqueeze(0) + 0.5) / torch.tensor(
+            [w, h], dtype=torch.float32)
+        wh = torch.ones_like(grid_xy) * 0.05 * (2.0**lvl)
+        anchors.append(
+            torch.concat([grid_xy, wh], dim=-1).reshape(-1, h * w, 4))
+    anchors = torch.concat(anchors, dim=1)
+    valid_mask = ((anchors > 0.01) * (anchors < 1 - 0.01)).all(
+        -1, keepdim=True)
+    anchors = torch.log(anchors / (1 - anchors))
+    return torch.where(valid_mask, anchors, torch.inf), valid_mask
+
+
+def with_upstream_anchors(state: dict, eval_size: Sequence[int],
+                          strides: Sequence[int]) -> dict:
+    """``state`` (a synthetic checkpoint, random values everywhere) with
+    the values upstream holds in its anchor buffers, where it has them."""
+    if 'decoder.anchors' in state:
+        anchors, valid_mask = upstream_anchors(eval_size, strides)
+        state['decoder.anchors'] = anchors
+        state['decoder.valid_mask'] = valid_mask
     return state
