@@ -162,31 +162,25 @@ def select_weights(checkpoint: dict, use_ema: bool = True) -> Tuple[dict, str]:
 
     MMEngine's ``EMAHook.before_save_checkpoint`` swaps the average into
     ``state_dict`` (the weights to deploy) and keeps the raw weights in
-    ``ema_state_dict`` as ``module.<name>`` next to its ``steps`` counter;
-    ``EMAHook.after_load_checkpoint`` swaps them back to resume.
+    ``ema_state_dict`` (``split_mmengine_checkpoint`` reads the layout).
 
     Args:
         checkpoint (dict): A loaded checkpoint, or a bare state dict.
         use_ema (bool): Take the average where the checkpoint has one,
             else the raw weights. Defaults to True.
     """
-    state_dict = checkpoint.get('state_dict', checkpoint)
-    ema = checkpoint.get('ema_state_dict')
+    from mmddp_ext.utils import split_mmengine_checkpoint
+    raw, ema, steps = split_mmengine_checkpoint(checkpoint)
     if ema is None:
         source = checkpoint.get('meta', {}).get('source')
         origin = f' (converted from upstream\'s {source})' if source else ''
-        return state_dict, (f'the checkpoint\'s state_dict{origin}; it has '
-                            'no ema_state_dict, so there is no EMA choice')
-    steps = ema.get('steps')
-    steps = f' after {int(steps)} updates' if steps is not None else ''
+        return raw, (f'the checkpoint\'s state_dict{origin}; it has '
+                     'no ema_state_dict, so there is no EMA choice')
+    steps = f' after {steps} updates'
     if use_ema:
-        return state_dict, (f'the EMA weights{steps} (state_dict, where '
-                            'EMAHook saves the average; --no-ema for the raw '
-                            'weights)')
-    raw = {
-        key[len('module.'):]: value
-        for key, value in ema.items() if key.startswith('module.')
-    }
+        return ema, (f'the EMA weights{steps} (state_dict, where '
+                     'EMAHook saves the average; --no-ema for the raw '
+                     'weights)')
     return raw, ('the raw weights (ema_state_dict without its module. '
                  f'prefix), not the EMA average{steps} (--no-ema)')
 
