@@ -15,7 +15,8 @@
 #                               MMCV_WITH_OPS=1 when no wheel installs; pip
 #                               caches the built wheel for the next run
 #   pytest, pytest-timeout,     (requirements/tests.txt)
-#   pytest-xdist
+#   pytest-xdist, onnx,
+#   onnxruntime
 #   mmddp_ext itself            editable install of this checkout
 set -euo pipefail
 

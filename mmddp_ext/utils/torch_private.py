@@ -172,8 +172,12 @@ def onednn_conv2d(x: torch.Tensor, weight: torch.Tensor,
 
 def onednn_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`onednn_conv2d` can run this conv: a dense float32
-    CPU input and weight, and oneDNN built in and switched on."""
-    return (x.device.type == 'cpu' and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.layout == torch.strided
-            and not weight.is_mkldnn and torch.backends.mkldnn.is_available()
+    CPU input and weight, and oneDNN built in and switched on, outside a
+    trace (an ONNX export, ``torch.jit.trace``), whose graph must hold
+    the portable convolution: ``mkldnn_convolution`` has no ONNX
+    symbolic."""
+    return (not torch.jit.is_tracing() and x.device.type == 'cpu'
+            and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and x.layout == torch.strided and not weight.is_mkldnn
+            and torch.backends.mkldnn.is_available()
             and torch.backends.mkldnn.enabled)

@@ -194,7 +194,7 @@ class DINOv3STAs(BaseModule):
         fused = []
         details = self.sta(x) if self.use_sta else (None, None, None)
         for i, (tokens, detail) in enumerate(zip(layers, details)):
-            grid = tokens.transpose(1, 2).reshape(len(x), -1, height, width)
+            grid = tokens.transpose(1, 2).reshape(x.size(0), -1, height, width)
             factor = 2.0**(1 - i)
             grid = F.interpolate(
                 grid,

@@ -301,9 +301,11 @@ class ViT(BaseModule):
         cls_token = self.cls_token
         if hasattr(self, 'mask_token'):
             cls_token = cls_token + 0 * self.mask_token
-        prefix = [cls_token.expand(len(x), -1, -1)]
+        # x.size(0), not len(x): a trace (ONNX export) keeps the batch
+        # dimension symbolic only through size()
+        prefix = [cls_token.expand(x.size(0), -1, -1)]
         if self.num_storage_tokens:
-            prefix.append(self.storage_tokens.expand(len(x), -1, -1))
+            prefix.append(self.storage_tokens.expand(x.size(0), -1, -1))
         tokens = torch.cat(prefix + [tokens], dim=1)
         rope = self.rope_embed(height, width)
         outs = []
