@@ -43,7 +43,7 @@ CUSTOM = {
 }
 # Configs whose real 2-rank run is made here; the others' runs are made by
 # other tests (see test_smallest_custom_config_agrees_with_its_run).
-REAL_RUN_HERE = ('DEIM', 'DEIM-RTDETRv2', 'DEIMv2-DINOv3')
+REAL_RUN_HERE = ('DEIM', 'DEIMv2-DINOv3')
 # What a user fills in before asking: the data, classes and start
 # weights; sizes and query counts are left to --shrink.
 USER_KEYS = ('data_root', 'ann_file', 'data_prefix', 'metainfo',
@@ -62,8 +62,11 @@ def _as_a_user_fills_it(options: dict) -> dict:
 def test_smallest_custom_config_agrees_with_its_run(
         project, data, tmp_path):  # noqa: F811
     """The real runs are made for DEIM-N, whose head (MAL) and recipe add
-    to D-FINE-N's, and for DEIM-RTDETRv2-r18vd (RT-DETRv2's head and
-    decoder with MAL and DEIM's recipe); D-FINE-N's decoder and losses
+    to D-FINE-N's; DEIM-RTDETRv2's detector, head, decoder and MAL train
+    with a GT-less rank under plain DDP (find_unused_parameters=False) in
+    tests/test_amp (``deim_rtdetrv2``), and its r18vd custom config trains
+    one step in test_custom_configs_train.py (its real run here left out
+    on 2026-11-29 for the suite's time); D-FINE-N's decoder and losses
     train with a GT-less rank in test_dfine_dist.py, and its custom config
     trains one step in test_custom_configs_train.py (the suite's time
     budget); DEIMv2-Atto's detector, head, decoder and losses train with a
