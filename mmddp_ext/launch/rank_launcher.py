@@ -254,6 +254,14 @@ class _HostPickler(pickle.Pickler):
         return NotImplemented
 
 
+def save_on_host(value: Any, path: str) -> None:
+    """Pickle ``value`` to ``path`` with every tensor on the host (see
+    :class:`_HostPickler`); a reader sees all of it or nothing."""
+    with open(path + '.tmp', 'wb') as f:
+        _HostPickler(f, pickle.DEFAULT_PROTOCOL).dump(value)
+    os.replace(path + '.tmp', path)
+
+
 def _full_fp32() -> None:
     """fp32 matmuls and convolutions in full precision, as on the CPU:
     the tests compare GPU ranks with single-process references at 1e-6,
@@ -340,9 +348,7 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
     except BaseException as error:  # report everything to the parent
         traceback.print_exc()
         outcome = ('error', f'{type(error).__name__}: {error}')
-    with open(result_path + '.tmp', 'wb') as f:
-        _HostPickler(f, pickle.DEFAULT_PROTOCOL).dump(outcome)
-    os.replace(result_path + '.tmp', result_path)
+    save_on_host(outcome, result_path)
     log.flush()
     # Stay up until every peer has reported (the parent kills stragglers at
     # its deadline): rank 0 hosts the rendezvous store, and a rank that

@@ -3,13 +3,9 @@ iterations with an ``AmpOptimWrapper`` config (float16, dynamic loss scale,
 as upstream's recipes) under ``ExtRunner``, recorded by
 :class:`AmpRecordHook`, which also compares the first iteration's losses
 under float16 autocast with float32 ones (same weights, same batch)."""
-import faulthandler
 import math
-import os
 import os.path as osp
-import pickle
-import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import torch
 from mmengine.hooks import Hook
@@ -20,7 +16,7 @@ from torch.utils._pytree import tree_flatten
 from ..helpers import REPO_ROOT
 
 ITERS = 8
-# Each run's limit, checked in the ranks (train_families). Measured quiet:
+# Each run's limit, checked in the ranks (RunsInOneLaunch). Measured quiet:
 # 2-10 s after another run in the same ranks, up to 17 s as the first run
 # of its ranks (CO-DINO; the runs after a failed one start new ranks).
 RUN_LIMIT_S = 90
@@ -317,70 +313,28 @@ def _value(loss) -> float:
     return float(loss)
 
 
-def train_families(data_root: str, work_root: str,
-                   runs: List[Tuple[str, str, int]]) -> Dict[str, dict]:
-    """On every rank: each run in turn, built and trained by ExtRunner.
-    Each run's result is saved (:func:`saved_result` reads it back) as
-    soon as it is done, so that the runs before one that fails or hangs
-    still count.
-
-    A run may take ``RUN_LIMIT_S``; past it the rank exits with every
-    thread's stack in its log (``faulthandler``, whose watchdog thread
-    also fires while the main thread waits in a collective).
+def train_run(data_root: str, work_root: str, name: str, family: str,
+              iters: int) -> dict:
+    """On every rank: run ``name``, ``family`` built and trained by
+    ExtRunner for ``iters`` iterations (``RunsInOneLaunch`` runs them in
+    turn, each under ``RUN_LIMIT_S``).
 
     Args:
         data_root (str): The generated data (rank 1 reads only the GT-less
             images).
-        work_root (str): Each run's work dir is ``work_root/name``.
-        runs (list[tuple]): ``(name, family, iterations)``; a name ending
-            in ``_confident`` starts from a confident classifier
-            (``CONFIDENT_BIAS``).
+        work_root (str): The run's work dir is ``work_root/name``.
+        name (str): The run; one ending in ``_confident`` starts from a
+            confident classifier (``CONFIDENT_BIAS``).
+        family (str): A key of ``FAMILIES``.
+        iters (int): Training iterations.
 
     Returns:
-        dict: Per run name, its records, first-iteration comparison, final
-        loss of the first batch, optimizer wrapper type, autocast dtype and
-        wall time.
+        dict: The run's records, first-iteration comparison, final loss
+        of the first batch, optimizer wrapper type and autocast dtype.
     """
-    import torch.distributed as dist
+    from mmengine.registry import RUNNERS
 
     import mmddp_ext  # noqa: F401
-    results = {}
-    for name, family, iters in runs:
-        faulthandler.dump_traceback_later(RUN_LIMIT_S, exit=True)
-        try:
-            results[name] = _train_run(data_root, work_root, name, family,
-                                       iters)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        _save(results[name], _result_path(work_root, name, dist.get_rank()))
-    return results
-
-
-def saved_result(work_root: str, name: str, rank: int) -> Optional[dict]:
-    """What :func:`train_families` saved for run ``name`` on ``rank``;
-    None if that run did not finish there."""
-    path = _result_path(work_root, name, rank)
-    if not osp.exists(path):
-        return None
-    with open(path, 'rb') as f:
-        return pickle.load(f)
-
-
-def _result_path(work_root: str, name: str, rank: int) -> str:
-    return osp.join(work_root, name, f'rank{rank}_result.pkl')
-
-
-def _save(result: dict, path: str) -> None:
-    os.makedirs(osp.dirname(path), exist_ok=True)
-    with open(path + '.tmp', 'wb') as f:
-        pickle.dump(result, f)
-    os.replace(path + '.tmp', path)  # a reader sees all of it or nothing
-
-
-def _train_run(data_root: str, work_root: str, name: str, family: str,
-               iters: int) -> dict:
-    from mmengine.registry import RUNNERS
-    start = time.perf_counter()
     cfg = amp_config(family, data_root, osp.join(work_root, name))
     cfg.train_cfg.max_iters = iters
     runner = RUNNERS.build(cfg)
@@ -394,17 +348,15 @@ def _train_run(data_root: str, work_root: str, name: str, family: str,
         compare=hook.compare,
         final_loss=hook.final_loss,
         wrapper=type(wrapper).__name__,
-        cast_dtype=str(getattr(wrapper, 'cast_dtype', None)),
-        seconds=time.perf_counter() - start)
+        cast_dtype=str(getattr(wrapper, 'cast_dtype', None)))
 
 
-def train_without_matching_upcast(
-        data_root: str, work_root: str,
-        runs: List[Tuple[str, str, int]]) -> Dict[str, dict]:
+def train_without_matching_upcast(data_root: str, work_root: str, name: str,
+                                  family: str, iters: int) -> dict:
     """The negative control, on every rank: the heads match the
     predictions in the autocast dtype (``_matching_inputs`` switched back
-    to passing them through), then ``train_families``."""
+    to passing them through), then ``train_run``."""
     from mmddp_ext.models.dense_heads import DDPSafeDINOHead
     DDPSafeDINOHead._matching_inputs = (lambda self, cls_score, bbox_pred:
                                         (cls_score, bbox_pred))
-    return train_families(data_root, work_root, runs)
+    return train_run(data_root, work_root, name, family, iters)

@@ -6,7 +6,7 @@ ranks, rank 1 reading only GT-less images.
 One launch (``amp_runs``) trains each family in turn with ``ExtRunner``
 (``tests/test_amp/amp_runs.py``), recorded on every rank; the tests read
 its records, and a family that fails or runs past its limit fails only its
-own tests (``AmpRuns``):
+own tests (``mmddp_ext.testing.RunsInOneLaunch``):
 
 - the recipe builds ``ExtAmpOptimWrapper`` (float16 autocast);
 - the loss scale settles: from 65536 the scaler skips the first steps
@@ -28,15 +28,14 @@ stops in its first iteration with scipy's "matrix contains invalid numeric
 entries", as users of float16 matching saw it.
 """
 import math
-from typing import Dict, List
 
 import pytest
 
 from mmddp_ext.launch.rank_launcher import FAILURE_GRACE_S, STARTUP_LIMIT_S
-from mmddp_ext.testing import MultiRankError, make_synthetic_coco, run_on_ranks
+from mmddp_ext.testing import (MultiRankError, RunsInOneLaunch,
+                               make_synthetic_coco, run_on_ranks)
 from .amp_runs import (FAMILIES, ITERS, RUN_LIMIT_S, relative_tolerance,
-                       saved_result, train_families,
-                       train_without_matching_upcast)
+                       train_run, train_without_matching_upcast)
 
 WORLD_SIZE = 2
 EMPTY_RANK = 1
@@ -73,67 +72,20 @@ def data_root(tmp_path_factory):
     return f'{root}/'
 
 
-class AmpRuns:
-    """The ``RUNS`` on ``WORLD_SIZE`` ranks, as their tests ask for them.
-
-    The first request launches every run from the one asked for on, in
-    turn (one launch pays for the ranks' imports and warm-up once). A run
-    that fails or passes its limit fails only its own tests: the runs
-    before it were saved as each finished, the runs after it start in a
-    new launch when their tests ask for them.
-    """
-
-    def __init__(self, data_root: str, work_root: str):
-        self.data_root = data_root
-        self.work_root = work_root
-        self._waiting = list(RUNS)
-        self._done: Dict[str, List[dict]] = {}
-        self._failed: Dict[str, str] = {}
-
-    def of(self, name: str) -> List[dict]:
-        """Each rank's result of run ``name``; fails the calling test with
-        the launch's error and every rank's log if the run did not
-        finish."""
-        waiting = [run[0] for run in self._waiting]
-        if name in waiting:
-            start = waiting.index(name)
-            self._waiting = self._waiting[:start] + self._launch(
-                self._waiting[start:])
-        if name in self._failed:
-            pytest.fail(self._failed[name], pytrace=False)
-        return self._done[name]
-
-    def _launch(self, runs: list) -> list:
-        """Train ``runs`` in one launch; returns those it did not reach."""
-        error = None
-        try:
-            run_on_ranks(
-                train_families,
-                WORLD_SIZE,
-                args=(self.data_root, self.work_root, runs),
-                timeout=LAUNCH_LIMIT_S)
-        except MultiRankError as failure:
-            error = failure
-        for index, (name, _, _) in enumerate(runs):
-            ranks = [
-                saved_result(self.work_root, name, rank)
-                for rank in range(WORLD_SIZE)
-            ]
-            if None in ranks:
-                self._failed[name] = (
-                    f'AMP run {name!r} did not finish (limits: '
-                    f'{RUN_LIMIT_S} s for the run, checked in the ranks, '
-                    'where one past it exits with "Timeout" and every '
-                    f"thread's stack in its log; {LAUNCH_LIMIT_S} s for "
-                    f'the launch):\n{error}')
-                return runs[index + 1:]
-            self._done[name] = ranks
-        return []
-
-
 @pytest.fixture(scope='module')
 def amp_runs(data_root, tmp_path_factory):
-    return AmpRuns(data_root, str(tmp_path_factory.mktemp('amp_work')))
+    """The ``RUNS`` on ``WORLD_SIZE`` ranks, as their tests ask for them:
+    one launch for all when all goes well; a run that fails or passes its
+    limit fails only its own tests (``RunsInOneLaunch``)."""
+    return RunsInOneLaunch(
+        train_run,
+        RUNS,
+        WORLD_SIZE,
+        results_dir=str(tmp_path_factory.mktemp('amp_results')),
+        run_limit_s=RUN_LIMIT_S,
+        launch_limit_s=LAUNCH_LIMIT_S,
+        args=(data_root, str(tmp_path_factory.mktemp('amp_work'))),
+        what='AMP run')
 
 
 @pytest.mark.parametrize('family', list(FAMILIES))
@@ -247,7 +199,7 @@ def test_float16_matching_fails_as_users_saw_it(data_root, tmp_path):
         run_on_ranks(
             train_without_matching_upcast,
             WORLD_SIZE,
-            args=(data_root, str(tmp_path), [CONFIDENT[:2] + (1, )]),
+            args=(data_root, str(tmp_path), *CONFIDENT[:2], 1),
             timeout=150)
     assert ('ValueError: matrix contains invalid numeric entries'
             in str(failure.value))

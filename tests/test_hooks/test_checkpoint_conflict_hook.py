@@ -14,9 +14,10 @@ from mmdet.models.backbones import ResNet, ResNeXt
 from mmengine.model import BaseModel
 
 from mmddp_ext.hooks import CheckpointConflictHook
-from mmddp_ext.testing import MultiRankError, on_rank_device, run_on_ranks
+from mmddp_ext.launch.rank_launcher import FAILURE_GRACE_S, STARTUP_LIMIT_S
+from mmddp_ext.testing import (MultiRankError, RunsInOneLaunch, on_rank_device,
+                               run_on_ranks)
 from mmddp_ext.utils import activation_checkpoint as act_cp
-
 from ..helpers import build_runner, rank0_log
 
 DDP_DOUBLE_READY = 'Expected to mark a variable ready only once'
@@ -420,35 +421,41 @@ def _policy_outcomes():
     return outcomes
 
 
-def _matrix(cases, shapes):
-    """On each rank: every case under the default policy with both
-    conflict shapes, the other policies, then the negative controls (their
-    failed DDP runs go last, on side groups)."""
-    results = {}
-    for case in cases:
-        for shape in shapes:
-            hook = CheckpointConflictHook()
-            record = _train(case, shape, hook)
-            wrapper = record.pop('wrapper')
-            results[case, shape] = dict(
-                record,
-                sites={
-                    n: sorted(s, key=str)
-                    for n, s in hook.sites.items()
-                },
-                resolved=hook.resolved,
-                decision=(getattr(wrapper, 'autoddp_decision', None)
-                          or {}).get('mode'))
-    results['policies'] = _policy_outcomes()
+def _under_the_default_policy(case, shape):
+    """``case`` with the conflict ``shape`` under the default policy: the
+    run's record, the sites the hook saw and resolved, AutoDDP's
+    decision."""
+    hook = CheckpointConflictHook()
+    record = _train(case, shape, hook)
+    wrapper = record.pop('wrapper')
+    return dict(
+        record,
+        sites={n: sorted(s, key=str)
+               for n, s in hook.sites.items()},
+        resolved=hook.resolved,
+        decision=(getattr(wrapper, 'autoddp_decision', None)
+                  or {}).get('mode'))
+
+
+def _seen_on_one_rank():
+    """The sites every rank names when only rank 1 checkpoints."""
     hook = CheckpointConflictHook()
     _train('checkpoint_sequential_on_rank_1', 'autoddp', hook)
-    results['seen on rank 1 only'] = sorted(hook.sites)
-    for case in cases:
-        results[case, 'no hook'] = _without_hook(case, 'ddp')
-    for case in RESUMED_CASES:
-        results[case, 'resumed, applied in first step'] = _without_hook(
-            case, 'autoddp_resumed_in_first_step', CheckpointConflictHook())
-    return results
+    return sorted(hook.sites)
+
+
+def _resumed_applied_in_first_step(case):
+    return _without_hook(case, 'autoddp_resumed_in_first_step',
+                         CheckpointConflictHook())
+
+
+def _matrix_run(name, fn, *args):
+    """One run of ``MATRIX_RUNS`` on this rank."""
+    return fn(*args)
+
+
+def _run_name(case, what):
+    return f'{case}, {what}'
 
 
 # One case per checkpointing form the hook resolves: mmdet with_cp,
@@ -464,11 +471,46 @@ EXPECTED_SITES = dict(
 SHAPES = ('autoddp', 'ddp')
 
 
+# Every case under the default policy with both conflict shapes, the
+# other policies, then the negative controls (their failed DDP runs go
+# last, on side groups): (name, function, *its arguments).
+MATRIX_RUNS = [(_run_name(case, shape), _under_the_default_policy, case,
+                shape) for case in CASES for shape in SHAPES]
+MATRIX_RUNS += [('policies', _policy_outcomes),
+                ('seen on rank 1 only', _seen_on_one_rank)]
+MATRIX_RUNS += [(_run_name(case, 'no hook'), _without_hook, case, 'ddp')
+                for case in CASES]
+MATRIX_RUNS += [(_run_name(case, 'resumed, applied in first step'),
+                 _resumed_applied_in_first_step, case)
+                for case in RESUMED_CASES]
+# Each run's limit, checked in the ranks: measured 0.1-1.0 s at load 5 on 2
+# cores (the first of a launch the longest: the ranks' warm-up).
+MATRIX_RUN_LIMIT_S = 30
+# The launch's limit: measured 11 s at load 5 (6-17 s for the test that
+# starts it, at load 2-5).
+MATRIX_LAUNCH_LIMIT_S = 240
+# A test that reads the matrix may start its launch (the first to ask; a
+# later one after a failed run; measured 6-17 s at load 2-5): the
+# launch's limit, the launcher's limit for starting the ranks, its grace
+# for a failed rank's peers and a margin for reporting: above setup.cfg's
+# 300 s.
+MATRIX_TEST_LIMIT_S = (MATRIX_LAUNCH_LIMIT_S + STARTUP_LIMIT_S +
+                       FAILURE_GRACE_S + 20)
+
+
 @pytest.fixture(scope='module')
-def matrix():
-    """One 2-rank spawn for the matrix, the policies and the negative
-    controls; each rank's results."""
-    return run_on_ranks(_matrix, 2, args=(CASES, SHAPES), timeout=240)
+def matrix(tmp_path_factory):
+    """``MATRIX_RUNS`` on 2 ranks as their tests ask for them: one launch
+    for all when all goes well; a run that fails or passes its limit fails
+    only its own tests."""
+    return RunsInOneLaunch(
+        _matrix_run,
+        MATRIX_RUNS,
+        2,
+        results_dir=str(tmp_path_factory.mktemp('checkpoint_matrix')),
+        run_limit_s=MATRIX_RUN_LIMIT_S,
+        launch_limit_s=MATRIX_LAUNCH_LIMIT_S,
+        what='checkpoint matrix run')
 
 
 def _resumed(cases):
@@ -486,35 +528,40 @@ def _resumed(cases):
     return results
 
 
-def test_backbone_matrix_trains_under_the_default_policy(matrix):
-    for rank, result in enumerate(matrix):
-        for case in CASES:
-            for shape in SHAPES:
-                out = result[case, shape]
-                where = (rank, case, shape, out)
-                assert len(out['errors']) == 2, where
-                assert out['sites'], where
-                assert sorted(out['resolved']) == sorted(out['sites']), where
-                if case in EXPECTED_SITES:
-                    assert sorted(out['sites']) == EXPECTED_SITES[case], where
-                # AutoDDP probes without DDP (torch's reentrant default, a
-                # different summation order), then needs find_unused.
-                assert out['policies'] == ([
-                    None, 'non_reentrant'
-                ] if shape == 'autoddp' else ['non_reentrant'] * 2), where
-                for policy, error in zip(out['policies'], out['errors']):
-                    assert error <= (1e-6 if policy else 1e-5), where
-                if shape == 'autoddp':
-                    assert out['decision'] == 'find_unused', where
-        hrnet_sites = result['hrnet', 'ddp']['sites']
-        assert 'neck' in hrnet_sites  # HRFPN: `from ... import checkpoint`
-        assert any(s.startswith('backbone.') for s in hrnet_sites)
-        # the user's call states nothing; torch's inner call gets False
-        assert result['checkpoint_sequential', 'ddp']['sites'] == {
-            'backbone': [False, None]
-        }
+@pytest.mark.parametrize('case', CASES)
+@pytest.mark.timeout(MATRIX_TEST_LIMIT_S)
+def test_backbone_matrix_trains_under_the_default_policy(matrix, case):
+    for shape in SHAPES:
+        for rank, out in enumerate(matrix.of(_run_name(case, shape))):
+            where = (rank, case, shape, out)
+            assert len(out['errors']) == 2, where
+            assert out['sites'], where
+            assert sorted(out['resolved']) == sorted(out['sites']), where
+            if case in EXPECTED_SITES:
+                assert sorted(out['sites']) == EXPECTED_SITES[case], where
+            # AutoDDP probes without DDP (torch's reentrant default, a
+            # different summation order), then needs find_unused.
+            assert out['policies'] == ([
+                None, 'non_reentrant'
+            ] if shape == 'autoddp' else ['non_reentrant'] * 2), where
+            for policy, error in zip(out['policies'], out['errors']):
+                assert error <= (1e-6 if policy else 1e-5), where
+            if shape == 'autoddp':
+                assert out['decision'] == 'find_unused', where
+    for rank, out in enumerate(matrix.of(_run_name(case, 'ddp'))):
+        if case == 'hrnet':
+            # HRFPN: `from ... import checkpoint`
+            assert 'neck' in out['sites'], rank
+            assert any(s.startswith('backbone.') for s in out['sites']), rank
+        if case == 'checkpoint_sequential':
+            # the user's call states nothing; torch's inner call gets False
+            assert out['sites'] == {'backbone': [False, None]}, rank
 
 
+# Its own launch (timeout=120 below), and the matrix's when it is the first
+# to ask for the matrix's last runs.
+@pytest.mark.timeout(MATRIX_TEST_LIMIT_S + 120 + STARTUP_LIMIT_S +
+                     FAILURE_GRACE_S)
 def test_resumed_decision_is_resolved_before_the_first_step(matrix):
     """Issue 28, case 2: the resumed run's DDP (find_unused_parameters=True
     from the stored decision) is built before the hook's before_train, so
@@ -532,19 +579,20 @@ def test_resumed_decision_is_resolved_before_the_first_step(matrix):
             assert out['resolved'], where
             if case in EXPECTED_SITES:
                 assert sorted(out['resolved']) == EXPECTED_SITES[case], where
-            assert DDP_DOUBLE_READY in matrix[rank][
-                case, 'resumed, applied in first step'], where
+            assert DDP_DOUBLE_READY in matrix.of(
+                _run_name(case, 'resumed, applied in first step'))[rank], where
 
 
+@pytest.mark.timeout(MATRIX_TEST_LIMIT_S)
 def test_every_rank_names_the_sites_seen_on_any_rank(matrix):
-    assert [result['seen on rank 1 only']
-            for result in matrix] == [['backbone'], ['backbone']]
+    assert matrix.of('seen on rank 1 only') == [['backbone'], ['backbone']]
 
 
-def test_same_runs_without_the_hook_fail_with_the_ddp_error(matrix):
-    for rank, result in enumerate(matrix):
-        for case in CASES:
-            assert DDP_DOUBLE_READY in result[case, 'no hook'], (rank, case)
+@pytest.mark.parametrize('case', CASES)
+@pytest.mark.timeout(MATRIX_TEST_LIMIT_S)
+def test_same_runs_without_the_hook_fail_with_the_ddp_error(matrix, case):
+    for rank, error in enumerate(matrix.of(_run_name(case, 'no hook'))):
+        assert DDP_DOUBLE_READY in error, (rank, case)
 
 
 def _divergent_ranks():
@@ -578,9 +626,9 @@ def test_divergent_ranks_still_get_the_ddp_error_with_the_hook():
             'reduction in the prior iteration') in str(info.value)
 
 
+@pytest.mark.timeout(MATRIX_TEST_LIMIT_S)
 def test_disable_and_error_policies_on_real_ddp(matrix):
-    for rank, result in enumerate(matrix):
-        out = result['policies']
+    for rank, out in enumerate(matrix.of('policies')):
         for shape in SHAPES:
             assert max(out[shape, 'disable']['errors']) <= 1e-6, (rank, out)
         assert out['ddp', 'disable']['policies'] == ['disable'] * 2, rank

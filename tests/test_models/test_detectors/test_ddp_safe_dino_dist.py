@@ -1,18 +1,19 @@
 """DDPSafeDINO on 2 and 3 real gloo ranks, one of which only ever sees
 GT-less images, with ``find_unused_parameters=False``.
 
-Each world size spawns its ranks once (``dist_run``): every rank runs two
-DDP steps of the tiny model on a fixed batch, then trains a stock mmdet
-DINO config that has only the documented opt-in lines added (plus tiny
-overrides) with the Runner. The tests below check different parts of what
-the ranks reported.
+Each world size launches its ranks once when all goes well
+(``_dist_runs``): every rank runs two DDP steps of the tiny model on a
+fixed batch, then trains a stock mmdet DINO config that has only the
+documented opt-in lines added (plus tiny overrides) with the Runner. The
+tests below check different parts of what the ranks reported; a run that
+fails or hangs fails only the tests that read it.
 """
 import os.path as osp
 
 import pytest
 
-from mmddp_ext.testing import (like_a_rank, make_synthetic_coco,
-                               run_on_ranks)
+from mmddp_ext.launch.rank_launcher import FAILURE_GRACE_S, STARTUP_LIMIT_S
+from mmddp_ext.testing import RunsInOneLaunch, like_a_rank, make_synthetic_coco
 from ..dino_utils import (build_model, control_step_report, ddp_step_report,
                           drop_dn_padding_of_gt_less_images,
                           global_relative_error, loss_and_grads, raw_batch,
@@ -32,6 +33,21 @@ TRAIN_ITERS = 2
 # Collective timeout of the negative control's own process group: a
 # mismatched collective there fails (or times out) within this bound.
 CONTROL_TIMEOUT_S = 15
+# Each run's limit, checked in the ranks. Measured at load 5 on 2 cores:
+# 2.2-3.7 s for the DDP steps (the first run of a launch: the ranks'
+# warm-up), 4.8-6.7 s for the training, under 1.5 s for the controls but
+# 15.8 s for the last one (its groups' CONTROL_TIMEOUT_S).
+RUN_LIMIT_S = 60
+# Each launch's limit: measured 29 s (2 ranks) and 11 s (3 ranks) at load
+# 5; 45 and 24 s in the suite (tests/file_durations.json).
+LAUNCH_LIMIT_S = 240
+# The test that starts a launch (the first to ask for one of its runs; a
+# later one after a failed run; measured 7-35 s at load 2-5, 45 s in the
+# suite) holds the launch's limit, the launcher's limit for starting the
+# ranks, its grace for a failed rank's peers and a margin for reporting:
+# above setup.cfg's 300 s.
+pytestmark = pytest.mark.timeout(LAUNCH_LIMIT_S + STARTUP_LIMIT_S +
+                                 FAILURE_GRACE_S + 20)
 
 # A stock mmdet DINO config with the opt-in added: the mmddp_ext base and
 # the two-line model override documented in configs/_base_/mmddp_ext.py.
@@ -153,6 +169,7 @@ def _ddp_steps(gt_counts, ddp_safe=True, head=None, process_group=None):
     ``ddp_step_report``), with each pass's ``dn_meta`` and loss keys; only
     rank 0 keeps its gradients."""
     import torch.distributed as dist
+
     from .. import dn_skipping_heads  # noqa: F401  (registers the heads)
     rank = dist.get_rank()
     model = build_model(
@@ -174,6 +191,7 @@ def _stock_generator_with_skipping_head(gt_counts):
     (see ``control_step_report``). Returns the error and what the head
     saw."""
     import torch.distributed as dist
+
     from .. import dn_skipping_heads  # noqa: F401  (registers the heads)
     rank = dist.get_rank()
     model = build_model(
@@ -188,24 +206,17 @@ def _stock_generator_with_skipping_head(gt_counts):
     return dict(outcome, head_calls=head_calls)
 
 
-def _rank_main(gt_counts, config_path, data_root, work_dir, control):
-    results = dict(
-        steps=_ddp_steps(gt_counts),
-        training=_train_opt_in_config(config_path, data_root, work_dir))
-    if control:  # on 2 ranks only (time budget)
-        # What the dummy group buys: a head that skips an empty dn part
-        # runs the same code on every rank with the DDP-safe generator...
-        results['skipping_safe'] = _ddp_steps(
-            gt_counts, head='DDPSafeDINOHeadSkippingEmptyDn')
-        # ...mmdet's DINOHead, with no such branch, survives without it...
-        results['stock'] = _ddp_steps(gt_counts, ddp_safe=False)
-        # ...and the skipping head does not (last: it breaks its groups).
-        results['skipping_stock'] = _stock_generator_with_skipping_head(
-            gt_counts)
-    return results
+def _dist_step(name, fn, *args):
+    """One run of ``_dist_runs`` on this rank."""
+    return fn(*args)
 
 
-def _dist_run(tmp_path_factory, world_size):
+def _dist_runs(tmp_path_factory, world_size):
+    """``(world size, the runs as their tests ask for them)``: on every
+    rank, two DDP steps of the tiny model on a fixed batch, then the opt-in
+    config trained by the Runner; on 2 ranks, the controls after them. One
+    launch for all when all goes well; a run that fails or passes
+    ``RUN_LIMIT_S`` fails only its own tests."""
     root = tmp_path_factory.mktemp(f'ddp_safe_dino_{world_size}')
     make_synthetic_coco(
         str(root / 'train'),
@@ -213,23 +224,45 @@ def _dist_run(tmp_path_factory, world_size):
         empty=EMPTY_IMAGES[world_size])
     config_path = root / 'dino_opt_in.py'
     config_path.write_text(OPT_IN_CONFIG)
-    results = run_on_ranks(
-        _rank_main,
+    gt_counts = GT_COUNTS[world_size]
+    runs = [
+        ('steps', _ddp_steps, gt_counts),
+        ('training', _train_opt_in_config, str(config_path), str(root),
+         str(root / 'work')),
+    ]
+    if world_size == 2:  # the controls on 2 ranks only (time budget)
+        runs += [
+            # What the dummy group buys: a head that skips an empty dn
+            # part runs the same code on every rank with the DDP-safe
+            # generator...
+            ('skipping_safe', _ddp_steps, gt_counts, True,
+             'DDPSafeDINOHeadSkippingEmptyDn'),
+            # ...mmdet's DINOHead, with no such branch, survives without
+            # it...
+            ('stock', _ddp_steps, gt_counts, False),
+            # ...and the skipping head does not (last: it breaks its
+            # groups).
+            ('skipping_stock', _stock_generator_with_skipping_head,
+             gt_counts),
+        ]
+    return world_size, RunsInOneLaunch(
+        _dist_step,
+        runs,
         world_size,
-        args=(GT_COUNTS[world_size], str(config_path), str(root),
-              str(root / 'work'), world_size == 2),
-        timeout=240)
-    return world_size, results
+        results_dir=str(root / 'results'),
+        run_limit_s=RUN_LIMIT_S,
+        launch_limit_s=LAUNCH_LIMIT_S,
+        what=f'DDPSafeDINO run on {world_size} ranks')
 
 
 @pytest.fixture(scope='module')
 def dist_2ranks(tmp_path_factory):
-    return _dist_run(tmp_path_factory, 2)
+    return _dist_runs(tmp_path_factory, 2)
 
 
 @pytest.fixture(scope='module')
 def dist_3ranks(tmp_path_factory):
-    return _dist_run(tmp_path_factory, 3)
+    return _dist_runs(tmp_path_factory, 3)
 
 
 @pytest.fixture(params=['dist_2ranks', 'dist_3ranks'],
@@ -239,8 +272,8 @@ def dist_run(request):
 
 
 def test_same_loss_keys_collectives_and_gradients_on_every_rank(dist_run):
-    world_size, results = dist_run
-    steps = [result['steps'] for result in results]
+    world_size, runs = dist_run
+    steps = runs.of('steps')
     assert len(steps) == world_size
     for rank, step in enumerate(steps):
         assert step['loss_keys'] == steps[0]['loss_keys'], rank
@@ -272,7 +305,7 @@ def test_ddp_gradient_equals_single_process(dist_run):
     compared; the gradients are, as a whole (relative 1e-6) and per
     tensor (1e-5: tiny BN-bias gradients are cancelling sums).
     """
-    world_size, results = dist_run
+    world_size, runs = dist_run
     with like_a_rank():  # the reference on the ranks' device
         reference_model = build_model(
             tiny_dino_cfg(ddp_safe=True, deterministic=True))
@@ -280,7 +313,7 @@ def test_ddp_gradient_equals_single_process(dist_run):
         all_counts = [n for rank in GT_COUNTS[world_size] for n in rank]
         _, reference = loss_and_grads(reference_model, raw_batch(all_counts))
 
-    grads = results[0]['steps']['grads']
+    grads = runs.of('steps')[0]['grads']
     assert global_relative_error(grads, reference) < 1e-6
     errors = relative_errors(grads, reference)
     worst = max(errors, key=errors.get)
@@ -291,8 +324,8 @@ def test_stock_dino_config_with_opt_in_trains(dist_run):
     """The stock config + opt-in builds DDPSafeDINO and trains on every
     rank without unused-parameter detection; one rank sees no GT at all;
     every rank logs the same finite losses, dn terms included."""
-    world_size, results = dist_run
-    trainings = [result['training'] for result in results]
+    world_size, runs = dist_run
+    trainings = runs.of('training')
     for rank, training in enumerate(trainings):
         assert training['model'] == 'DDPSafeDINO'
         assert training['find_unused'] is False
@@ -310,9 +343,9 @@ def test_stock_dino_config_with_opt_in_trains(dist_run):
 def test_gt_less_rank_gets_the_dummy_group(dist_run):
     """The mechanism, asserted on every rank: the GT-less rank's head sees
     one dummy dn group (2 queries), the others their real dn groups."""
-    world_size, results = dist_run
-    for rank, result in enumerate(results):
-        calls = result['steps']['head_calls']
+    world_size, runs = dist_run
+    for rank, step in enumerate(runs.of('steps')):
+        calls = step['head_calls']
         assert len(calls) == 2, rank  # both passes
         for call in calls:
             meta = call['dn_meta']
@@ -330,8 +363,8 @@ def test_head_skipping_an_empty_dn_part_runs_the_same_on_every_rank(
     """With the dummy group, a head that skips the dn loss when there are
     no dn queries (as RT-DETR v1's criterion does) never skips it: every
     rank has the same loss keys and all-reduces, and DDP completes."""
-    _, results = dist_2ranks
-    steps = [result['skipping_safe'] for result in results]
+    _, runs = dist_2ranks
+    steps = runs.of('skipping_safe')
     for rank, step in enumerate(steps):
         assert step['loss_keys'] == steps[0]['loss_keys'], rank
         assert step['all_reduce_calls'] == steps[0]['all_reduce_calls']
@@ -344,8 +377,8 @@ def test_stock_dino_head_survives_a_gt_less_rank(dist_2ranks):
     """What the dummy group does not buy: mmdet's DINO + DINOHead already
     keep the same loss keys and collectives on a GT-less rank (zero dn
     queries, empty tensors still in the graph)."""
-    _, results = dist_2ranks
-    steps = [result['stock'] for result in results]
+    _, runs = dist_2ranks
+    steps = runs.of('stock')
     for rank, step in enumerate(steps):
         stock_meta = step['head_calls'][0]['dn_meta']
         assert 'dummy_dn_group' not in stock_meta
@@ -362,13 +395,14 @@ def test_stock_generator_with_skipping_head_breaks_ddp(dist_2ranks):
     its peers wait for all-reduces that never come while it waits for
     their gradients: the hang users see, caught here by the control
     groups' collective timeout on every rank."""
-    _, results = dist_2ranks
-    controls = [result['skipping_stock'] for result in results]
+    _, runs = dist_2ranks
+    stock = runs.of('stock')
+    controls = runs.of('skipping_stock')
     # The ranks with GT may fail inside their forward (in their extra dn
     # all-reduces), before the head's call is recorded.
     empty_keys = controls[EMPTY_RANK]['head_calls'][0]['loss_keys']
     assert not any('dn_loss' in key for key in empty_keys)
-    assert 'dn_loss_cls' in results[0]['stock']['loss_keys']
+    assert 'dn_loss_cls' in stock[0]['loss_keys']
     assert controls[EMPTY_RANK]['head_calls'][0]['dn_meta'][
         'num_denoising_queries'] == 0
     for rank, control in enumerate(controls):
