@@ -29,17 +29,6 @@ FAMILY_LR = {'rtdetrv2': 1e-3}
 # every query's logit to exactly 1 (above about 8.3), as a confident
 # classifier (a checkpoint that trained long) does for some queries.
 CONFIDENT_BIAS = 9.0
-_DEIM_RTDETRV2_MODEL = dict(
-    type='DEIMRTDETR',
-    mlp_act='silu',
-    query_pos_method='as_reg',
-    decoder=dict(layer_cfg=dict(activation='silu')),
-    bbox_head=dict(
-        loss_cls=dict(
-            _delete_=True,
-            type='MatchabilityAwareLoss',
-            gamma=1.5,
-            loss_weight=1.0)))
 # DINO-tiny and CO-DINO-tiny on a half-width ResNet-18 (as RT-DETR-tiny's):
 # in float16 the full width made 60-75 % of their step time.
 _HALF_WIDTH_RESNET18 = dict(
@@ -59,12 +48,7 @@ FAMILIES = {
     ('projects/DEIM/configs/deim_hgnetv2_tiny_synthetic.py', 96,
      dict(model=dict(data_preprocessor=dict(batch_augments=None)))),
     'deim_rtdetrv2':
-    ('configs/rtdetr_tiny.py', 64,
-     dict(
-         model=_DEIM_RTDETRV2_MODEL,
-         custom_imports=dict(
-             imports=['projects.RT-DETR.rtdetr', 'projects.DEIM.deim'],
-             allow_failed_imports=False))),
+    ('projects/DEIM/configs/deim_rtdetrv2_tiny_synthetic.py', 64, {}),
     'codino': ('configs/co_dino_tiny.py', 64, _HALF_WIDTH_RESNET18),
     'dino': ('configs/dino_tiny_ddp_safe.py', 64, _HALF_WIDTH_RESNET18),
 }
@@ -78,15 +62,9 @@ def amp_config(family: str, data_root: str, work_dir: str):
     settings), constant lr, plain DDP, an unshuffled sampler (rank 1 reads
     only the GT-less odd images), no evaluation or checkpoint."""
     from mmengine.config import Config
-    from mmengine.utils import import_modules_from_strings
     config, side, overrides = FAMILIES[family]
     cfg = Config.fromfile(osp.join(REPO_ROOT, config))
     cfg.merge_from_dict(overrides)
-    if 'custom_imports' in overrides:
-        # Config.fromfile imports the file's own custom_imports, nothing
-        # imports merged ones: DEIM-RTDETRv2 ran only after DEIM-HGNetv2's
-        # config had imported projects.DEIM in the same process.
-        import_modules_from_strings(**cfg.custom_imports)
     pipeline = [
         dict(type='LoadImageFromFile'),
         dict(type='LoadAnnotations', with_bbox=True),

@@ -17,34 +17,14 @@ from ..helpers import REPO_ROOT
 
 
 class Family(NamedTuple):
-    """A family's tiny CPU twin: its config (a file, or ``base`` plus
-    overrides written to a file), the square input side the tests export
-    at (None: the test pipeline's), and whether its checkpoint has EMA
-    weights."""
+    """A family's tiny CPU twin: its config file, the square input side
+    the tests export at (None: the test pipeline's), and whether its
+    checkpoint has EMA weights."""
     config: str
     side: Optional[int]
     ema: bool
-    overrides: Optional[str] = None
 
 
-# DEIM's RT-DETRv2 model has no tiny config: RT-DETR-tiny with DEIM's
-# model changes, as tests/test_amp/amp_runs.py shrinks it.
-DEIM_RTDETRV2_OVERRIDES = """
-custom_imports = dict(
-    imports=['projects.RT-DETR.rtdetr', 'projects.DEIM.deim'],
-    allow_failed_imports=False)
-model = dict(
-    type='DEIMRTDETR',
-    mlp_act='silu',
-    query_pos_method='as_reg',
-    decoder=dict(layer_cfg=dict(activation='silu')),
-    bbox_head=dict(
-        loss_cls=dict(
-            _delete_=True,
-            type='MatchabilityAwareLoss',
-            gamma=1.5,
-            loss_weight=1.0)))
-"""
 # 64 px where the query count allows; D-FINE's HGNetv2 twins select 30
 # queries among the tokens of strides 16 and 32, 45 at 96 px. DEIMv2's
 # side is its test pipeline's (96), which the export reads.
@@ -61,10 +41,9 @@ FAMILIES: Dict[str, Family] = {
         'projects/DEIM/configs/deim_hgnetv2_tiny_synthetic.py', 96, ema=True),
     'deim_rtdetrv2':
     Family(
-        'configs/rtdetr_tiny.py',
+        'projects/DEIM/configs/deim_rtdetrv2_tiny_synthetic.py',
         64,
-        ema=False,
-        overrides=DEIM_RTDETRV2_OVERRIDES),
+        ema=False),
     'deimv2':
     Family(
         'projects/DEIMv2/configs/deimv2_hgnetv2_atto_tiny_synthetic.py',
@@ -76,17 +55,9 @@ FAMILIES: Dict[str, Family] = {
 ORIG_SIZES = ((640, 480), (375, 500))
 
 
-def family_config_file(name: str, tmp_dir: str) -> str:
-    """The config file of family ``name`` (written to ``tmp_dir`` when it
-    has overrides)."""
-    family = FAMILIES[name]
-    base = osp.join(REPO_ROOT, family.config)
-    if family.overrides is None:
-        return base
-    path = osp.join(tmp_dir, f'{name}_tiny.py')
-    with open(path, 'w') as f:
-        f.write(f'_base_ = [{base!r}]\n{family.overrides}')
-    return path
+def family_config_file(name: str) -> str:
+    """The config file of family ``name``."""
+    return osp.join(REPO_ROOT, FAMILIES[name].config)
 
 
 def build_detector(config_file: str) -> nn.Module:

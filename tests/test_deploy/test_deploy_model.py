@@ -29,7 +29,7 @@ def checkpoints(tmp_path_factory):
     weights: ``plain`` and ``ema`` (other averaged weights, saved by
     MMEngine's EMAHook), with their state dicts."""
     tmp = tmp_path_factory.mktemp('deploy_model')
-    config = family_config_file('rtdetr', str(tmp))
+    config = family_config_file('rtdetr')
     detector = build_detector(config)
     plain, ema = str(tmp / 'plain.pth'), str(tmp / 'ema.pth')
     states = dict(
@@ -79,8 +79,7 @@ def test_head_with_other_postprocessing_is_refused(checkpoints):
 
 
 def test_checkpoint_of_another_model_is_refused(checkpoints):
-    deim_rtdetrv2 = family_config_file('deim_rtdetrv2',
-                                       str(checkpoints['tmp']))
+    deim_rtdetrv2 = family_config_file('deim_rtdetrv2')
     with pytest.raises(ValueError, match="does not match the config's"):
         build_deploy_model(
             deim_rtdetrv2, checkpoints['plain'], size=(SIDE, SIDE))

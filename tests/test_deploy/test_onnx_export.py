@@ -34,7 +34,7 @@ def exported(request, tmp_path_factory):
     name = request.param
     family = FAMILIES[name]
     tmp = tmp_path_factory.mktemp(name)
-    config = family_config_file(name, str(tmp))
+    config = family_config_file(name)
     checkpoint = str(tmp / 'random.pth')
     save_checkpoint(build_detector(config), checkpoint, ema=family.ema)
     side = family.side
