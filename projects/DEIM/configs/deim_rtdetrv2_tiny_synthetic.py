@@ -1,7 +1,7 @@
 # DEIM on the RT-DETRv2 port shrunk for CPU tests: configs/rtdetr_tiny.py
 # (64-d RT-DETR on the generated synthetic data, mmddp_ext switched on)
 # with the model changes deim_rtdetrv2_*_coco.py make (SiLU, the 'as_reg'
-# query position head, MAL). The AMP, export and seam tests use it.
+# query position head, MAL). The AMP, export and DEIM head tests use it.
 #   python tools/make_synthetic_coco.py data/synthetic
 #   bash tools/dist_train.sh \
 #       projects/DEIM/configs/deim_rtdetrv2_tiny_synthetic.py 2

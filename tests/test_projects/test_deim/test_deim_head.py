@@ -8,6 +8,7 @@ Expected values: ``mal_example`` of ``data/upstream_recipes.json``
 there).
 """
 import importlib
+import os.path as osp
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_overlaps
 
 from mmddp_ext.testing import run_on_ranks
+from ...helpers import REPO_ROOT
 from ...test_models.dino_utils import NO_NOISE, loss_values, raw_batch
 from ..test_dfine.dfine_utils import EXPECTED_KEYS as DFINE_KEYS
 from ..test_dfine.test_dfine_head import DN_SUFFIXES, _losses
@@ -166,22 +168,10 @@ def _tiny_deim_rtdetr():
     from mmengine.config import Config
 
     from ...test_models.dino_utils import build_model
-    from ..test_rtdetr.rtdetr_utils import TINY_MODEL_CFG
     import_deim()
-    cfg = Config.fromfile(TINY_MODEL_CFG)
-    cfg.merge_from_dict(
-        dict(
-            model=dict(
-                type='DEIMRTDETR',
-                mlp_act='silu',
-                query_pos_method='as_reg',
-                decoder=dict(layer_cfg=dict(activation='silu')),
-                bbox_head=dict(
-                    loss_cls=dict(
-                        _delete_=True,
-                        type='MatchabilityAwareLoss',
-                        gamma=1.5,
-                        loss_weight=1.0)))))
+    cfg = Config.fromfile(
+        osp.join(REPO_ROOT, 'projects', 'DEIM', 'configs',
+                 'deim_rtdetrv2_tiny_synthetic.py'))
     return build_model(cfg.model)
 
 
