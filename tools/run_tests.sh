@@ -4,13 +4,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash tools/setup_env.sh
-# Four pytest workers on 2 cores, each taking whole test files (module
+# Five pytest workers on 2 cores, each taking whole test files (module
 # fixtures run once): multi-rank tests leave cores idle while their ranks
-# wait on each other, on a launcher or on a timeout they prove (2 workers
-# kept the cores 67 % busy: 920 s against 830 s with 3, 2026-11-27; 3
-# workers 934 s, then 4 workers 888 s, back to back, 2026-11-28).
-# PYTEST_WORKERS=0 runs in one process.
-WORKERS="${PYTEST_WORKERS:-4}"
+# wait on each other, on a launcher, on Slurm or on a timeout they prove
+# (2 workers kept the cores 67 % busy: 920 s against 830 s with 3,
+# 2026-11-27; 3 workers 934 s, then 4 workers 888 s, back to back,
+# 2026-11-28; 4 workers 991 s, then 5 workers 905 s with one doctor case
+# fewer (about 25 s), 2026-11-29). PYTEST_WORKERS=0 runs in one process.
+WORKERS="${PYTEST_WORKERS:-5}"
 PARALLEL=()
 if [ "$WORKERS" != 0 ]; then
     # whole files per worker, longest first (tests/file_order.py)

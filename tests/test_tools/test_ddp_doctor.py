@@ -4,8 +4,8 @@ static checks and the prediction texts have unit tests in
 test_ddp_doctor_static.py and test_ddp_doctor_predictions.py; the
 doctor-vs-reality matrix is test_ddp_doctor_matrix.py."""
 import json
+import os
 import os.path as osp
-import subprocess
 import sys
 import time
 
@@ -145,23 +145,30 @@ def test_rank_only_loss_key_and_checkpointing_conflict(
 
 
 @pytest.mark.multi_rank  # the doctor it runs probes on 2 ranks
-def test_ddp_safe_config_cli(tmp_path, synthetic_root):
-    """configs/dino_tiny_ddp_safe.py through the command line: every
+def test_ddp_safe_config_cli(tmp_path, synthetic_root, monkeypatch, capfd):
+    """configs/dino_tiny_ddp_safe.py through the command line's ``main``
+    (its arguments, the report on the terminal and the JSON file; run in
+    this process, whose ranks' fork server has its imports done: a fresh
+    interpreter would pay them twice, for itself and for its own fork
+    server; test_config_path.py runs the script itself): every
     dynamic check ok, and the ranks' averaged gradient equals one
     process's over the whole batch although the ranks hold different box
     counts (the control of the local-count head below); JSON out."""
     out = osp.join(str(tmp_path), 'report.json')
-    cmd = [
-        sys.executable,
-        osp.join(REPO_ROOT, 'tools', 'ddp_doctor.py'),
+    # what main changes in its process: put back after the test
+    monkeypatch.setattr(sys, 'path', list(sys.path))
+    monkeypatch.setenv('PYTHONPATH', os.environ.get('PYTHONPATH', ''))
+    monkeypatch.setenv('OMP_NUM_THREADS',
+                       os.environ.get('OMP_NUM_THREADS', '1'))
+    monkeypatch.syspath_prepend(osp.join(REPO_ROOT, 'tools'))
+    import ddp_doctor
+    start = time.monotonic()
+    code = ddp_doctor.main([
         osp.join(REPO_ROOT, 'configs', 'dino_tiny_ddp_safe.py'), '--out',
         out, '--cfg-options', *as_cli(data_overrides(synthetic_root))
-    ]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=PROBE_TIMEOUT_S + 60)
+    ])
     elapsed = time.monotonic() - start
-    output = proc.stdout + proc.stderr
+    output = ''.join(capfd.readouterr())
     with open(out) as f:
         report = json.load(f)
     dynamic = [c for c in report['checks'] if c['phase'] == 'dynamic']
@@ -180,7 +187,7 @@ def test_ddp_safe_config_cli(tmp_path, synthetic_root):
     assert iterations == [3, 3]
     blockers = [c for c in report['checks'] if c['verdict'] == 'blocker']
     assert not blockers, blockers
-    assert proc.returncode == 0, output
+    assert code == 0, output
     assert 'ddp_doctor [4/5] dynamic checks' in output
     assert 'gradient equivalence' in output
     print(f'doctor CLI on dino_tiny_ddp_safe.py: {elapsed:.1f} s')

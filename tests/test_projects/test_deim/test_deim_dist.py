@@ -1,8 +1,8 @@
-"""DEIM-D-FINE-N (tiny) on 2 real gloo ranks through ``tools/dist_train.sh``,
-``find_unused_parameters=False``, 20 iterations (2 epochs of 10), with
-DEIM's recipe running (policy, Mosaic, MixUp, multi-scale, flat-cosine,
-EMA), on images without boxes; then a restart. Upstream DEIM's
-empty-batch behaviour as the negative control.
+"""DEIM-D-FINE-N (tiny) on 2 real gloo ranks, ``tools/train.py`` as
+``tools/dist_train.sh`` starts it, ``find_unused_parameters=False``, 20
+iterations (2 epochs of 10), with DEIM's recipe running (policy, Mosaic,
+MixUp, multi-scale, flat-cosine, EMA), on images without boxes; then a
+restart. Upstream DEIM's empty-batch behaviour as the negative control.
 
 Runs of ``projects/DEIM/configs/deim_hgnetv2_tiny_synthetic.py`` on
 generated data, recorded on every rank by ``GradientRecordHook``
@@ -16,9 +16,13 @@ finiteness, GT count per iteration) and ``ResumeRecordHook``
 - ``half_empty``: a shuffled set, about half of the images empty, the
   whole tiny policy (Mosaic and MixUp in epoch 0, zoom-out / IoU crop in
   epoch 1), a checkpoint per epoch; ``resumed``: the same run restarted
-  from its epoch-1 checkpoint (``tools/train.py --resume`` as
-  ``dist_train.sh`` starts it, on ranks forked with their imports done:
-  ``tests/helpers.py::train_on_ranks``).
+  from its epoch-1 checkpoint (``tools/train.py --resume``).
+
+Every run is on ranks forked with their imports done
+(``tests/helpers.py::train_on_ranks``: the subject is what DDP does with
+DEIM's recipe, not the launcher; until 2026-11-29 the first two were
+launches of ``tools/dist_train.sh``, which the self-test's CI form still
+runs DEIM through, ``tests/test_tools/test_selftest.py``).
 
 The control is not a launch: one DDP step of the tiny model with upstream
 DEIM's empty-batch behaviour (no dn queries and no dn loss terms on the
@@ -38,7 +42,7 @@ import pytest
 import torch
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
-from ...helpers import dist_train, train_on_ranks
+from ...helpers import train_on_ranks
 from ...test_models.dino_utils import (build_model, control_step_report,
                                        raw_batch, record_generator_calls)
 from .deim_utils import PROJECT
@@ -115,12 +119,12 @@ def _records(work_dir: str, name: str) -> list:
     return found
 
 
-def _run(root, config, options, extra_args=(), launch=True):
-    """A 2-rank run through ``tools/dist_train.sh`` (``launch``) or
-    ``tools/train.py`` as that script starts it on ranks forked with their
-    imports done (``tests/helpers.py::train_on_ranks``)."""
+def _run(root, config, options, extra_args=()):
+    """A 2-rank run of ``tools/train.py`` as ``tools/dist_train.sh`` starts
+    it, on ranks forked with their imports done
+    (``tests/helpers.py::train_on_ranks``)."""
     work_dir = osp.join(root, 'work')
-    output = (dist_train if launch else train_on_ranks)(
+    output = train_on_ranks(
         config,
         WORLD_SIZE,
         work_dir,
@@ -156,8 +160,7 @@ def half_empty(tmp_path_factory):
         resumed_root,
         _config(root),
         _options(data, True),
-        extra_args=('--resume', osp.join(first['work_dir'], 'epoch_1.pth')),
-        launch=False)
+        extra_args=('--resume', osp.join(first['work_dir'], 'epoch_1.pth')))
     return first, resumed
 
 

@@ -1,12 +1,15 @@
-"""DEIMv2-Atto (the tiny synthetic config) on 2 real gloo ranks through
-``tools/dist_train.sh``, plain ``MMDistributedDataParallel`` with
-``find_unused_parameters=False``, 30 iterations (3 epochs of 10) on a set
-where rank 1 reads only images without boxes, across the epochs where
-the recipe switches, Mosaic in the data workers included; a resume from
-its checkpoints; upstream's empty-batch behaviour as the negative
-control.
+"""DEIMv2-Atto (the tiny synthetic config) on 2 real gloo ranks
+(``tools/train.py`` as ``tools/dist_train.sh`` starts it), plain
+``MMDistributedDataParallel`` with ``find_unused_parameters=False``, 30
+iterations (3 epochs of 10) on a set where rank 1 reads only images
+without boxes, across the epochs where the recipe switches, Mosaic in the
+data workers included; a resume from its checkpoints; upstream's
+empty-batch behaviour as the negative control.
 
-One launch (``empty_rank``) of
+One run (``empty_rank``; on ranks forked with their imports done,
+``tests/helpers.py::train_on_ranks``: the subject is what DDP does with
+the recipe, not the launcher, and until 2026-11-29 a launch of
+``tools/dist_train.sh``) of
 ``projects/DEIMv2/configs/deimv2_hgnetv2_atto_tiny_synthetic.py`` on
 generated data: an unshuffled sampler gives rank 1 the odd images, all
 without boxes; 2 persistent data workers per rank; a checkpoint per epoch;
@@ -52,7 +55,7 @@ import pytest
 from mmengine.hooks import EMAHook, Hook
 
 from mmddp_ext.testing import make_synthetic_coco, run_on_ranks
-from ...helpers import dist_train
+from ...helpers import train_on_ranks
 from ...test_configs.test_custom_configs_train import as_cli
 from ...test_models.dino_utils import build_model, swap_behaviour
 from ..test_deim.test_deim_dist import (_records,
@@ -147,11 +150,12 @@ def empty_rank(tmp_path_factory):
     config, options = _config(root), _options(data)
     work_dir = osp.join(root, 'work')
     start = time.monotonic()
-    output = dist_train(
+    output = train_on_ranks(
         config, WORLD_SIZE, work_dir, as_cli(options), timeout=240)
+    assert output.returncode == 0, output.stdout[-4000:]
     seconds = time.monotonic() - start
     print(f'\nDEIMv2 2-rank run: {ITERS} iterations in {seconds:.1f} s '
-          '(launch to exit, validation included)')
+          '(rank start to exit, validation included)')
     return dict(
         output=output,
         seconds=seconds,

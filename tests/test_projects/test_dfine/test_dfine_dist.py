@@ -10,7 +10,7 @@ gradient and the loss keys of each iteration):
 - ``half_empty``: a shuffled set with about half of the images empty
   (these two: ``tools/train.py`` as ``dist_train.sh`` starts it, on ranks
   forked with their imports done: ``tests/helpers.py::train_on_ranks``;
-  the launcher is the control's, and DEIM's and DEIMv2's runs);
+  the launcher is the control's, and the self-test's CI form's);
 - ``upstream_control``: the negative control, the ``empty_rank`` run with
   upstream D-FINE's empty-batch behaviour (no dn queries on the GT-less
   rank, ``ddp_probe.DFINEUpstreamEmptyDn``) and a 20 s collective
