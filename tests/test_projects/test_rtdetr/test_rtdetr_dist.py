@@ -14,10 +14,8 @@ import re
 
 import pytest
 
-from mmddp_ext.testing import (like_a_rank, make_synthetic_coco,
-                               run_on_ranks)
-from ...helpers import (data_options, rank0_log, tiny_options,
-                        train_on_ranks)
+from mmddp_ext.testing import like_a_rank, make_synthetic_coco, run_on_ranks
+from ...helpers import data_options, rank0_log, tiny_options, train_on_ranks
 from ...test_models.dino_utils import (ddp_step_report, global_relative_error,
                                        loss_and_grads, raw_batch,
                                        relative_errors)
