@@ -19,6 +19,7 @@ import os
 import os.path as osp
 import pickle
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -159,6 +160,32 @@ def kill_process_tree(pid: int) -> None:
 
 def _tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:
     return text if len(text) <= limit else '...' + text[-limit:]
+
+
+# Lines of a launcher's output that say why something stopped.
+_CAUSE_LINE = re.compile(
+    r'Error\b|Exception\b|Traceback|exitcode|Signal |failed|Killed|timed out',
+    re.IGNORECASE)
+CAUSE_LINES = 40
+
+
+def _tail_with_causes(text: str, limit: int) -> str:
+    """``text``'s last ``limit`` characters, preceded by the lines of the
+    part cut off that name a cause (errors, tracebacks, a launcher's exit
+    records): a torchrun restart's first attempt fails far above the
+    tail."""
+    if len(text) <= limit:
+        return text
+    head = text[:-limit].splitlines()
+    causes = [line for line in head if _CAUSE_LINE.search(line)]
+    if not causes:
+        return _tail(text, limit)
+    kept = causes[:CAUSE_LINES]
+    more = len(causes) - len(kept)
+    return ('===== lines naming a cause in the output above the tail' +
+            (f' (first {len(kept)} of {len(causes)})' if more else '') +
+            ':\n' + '\n'.join(kept) + '\n===== its tail\n' +
+            _tail(text, limit))
 
 
 def _read(path: str) -> str:
@@ -584,6 +611,7 @@ def run_command(cmd: Sequence[str],
             for pattern in log_globs for path in sorted(glob.glob(pattern))
         ]
         raise MultiRankError(f"`{' '.join(cmd)}` {reason}\n===== output\n" +
-                             _tail(out or '', 3 * LOG_TAIL_CHARS) +
+                             _tail_with_causes(out or '',
+                                               3 * LOG_TAIL_CHARS) +
                              ''.join(logs))
     return result

@@ -3,6 +3,7 @@ import multiprocessing.forkserver
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -201,6 +202,26 @@ def test_run_command_kills_every_descendant_on_timeout(tmp_path):
     pid = int(pid_file.read_text())
     time.sleep(0.5)
     assert not _alive(pid)
+
+
+def test_run_command_failure_keeps_the_causes_above_its_tail():
+    """A restarted launch's first attempt fails far above the output's
+    tail (seen with torchrun's restarts): the lines naming a cause in the
+    part cut off come first in the error; the tail alone (the control)
+    lacks them."""
+    from mmddp_ext.launch.rank_launcher import LOG_TAIL_CHARS
+    script = ('import sys; print("RuntimeError: first attempt died"); '
+              f'[print("log line", i) for i in range({LOG_TAIL_CHARS})]; '
+              'sys.exit(1)')
+    with pytest.raises(MultiRankError) as info:
+        run_command([sys.executable, '-c', script], timeout=60)
+    message = str(info.value)
+    assert 'exited with 1' in message
+    above, tail = message.split('===== output\n', 1)[1].split(
+        '===== its tail\n', 1)
+    assert 'RuntimeError: first attempt died' in above
+    assert 'RuntimeError' not in tail and 'log line' in tail
+    assert 'log line' not in above  # only the lines naming a cause
 
 
 def test_cpu_generator_draws_on_the_cpu_under_another_default_device():
