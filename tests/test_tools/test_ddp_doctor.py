@@ -165,7 +165,8 @@ def test_ddp_safe_config_cli(tmp_path, synthetic_root, monkeypatch, capfd):
     start = time.monotonic()
     code = ddp_doctor.main([
         osp.join(REPO_ROOT, 'configs', 'dino_tiny_ddp_safe.py'), '--out',
-        out, '--cfg-options', *as_cli(data_overrides(synthetic_root))
+        out, '--timeout', str(PROBE_TIMEOUT_S), '--cfg-options',
+        *as_cli(data_overrides(synthetic_root))
     ])
     elapsed = time.monotonic() - start
     output = ''.join(capfd.readouterr())

@@ -80,6 +80,23 @@ def _submit(cluster, work_dir, exact):
     return job, out
 
 
+def _signal_each_mid_run(cluster, work_dirs, count=4):
+    """SIGUSR1 to each job as soon as its rank 0 has trained ``count``
+    iterations (the second epoch has begun). The jobs run side by side:
+    waited on one after the other, the second had once trained to its end
+    while the first was still starting, and the signal then killed its
+    exiting tasks (their handler already put back)."""
+    pending = dict(work_dirs)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while pending:
+        for job, work_dir in list(pending.items()):
+            if trained_lines(work_dir) >= count:
+                cluster.cancel(job, signal='USR1')
+                del pending[job]
+        assert time.monotonic() < deadline, f'no progress in {pending}'
+        time.sleep(0.05)
+
+
 # 52 s quiet before its requeued jobs were released at once, 128 s in the
 # suite
 @pytest.mark.timeout(400)
@@ -94,9 +111,8 @@ def test_preempted_batch_job_requeues_and_resumes_exactly(
     for exact in (True, False):
         work_dir = str(tmp_path / f'exact_{exact}')
         jobs[exact] = (*_submit(slurm_cluster, work_dir, exact), work_dir)
-    for job, _, work_dir in jobs.values():
-        wait_for_lines(work_dir, 4)  # the second epoch has begun
-        slurm_cluster.cancel(job, signal='USR1')
+    _signal_each_mid_run(slurm_cluster,
+                         {job: work_dir for job, _, work_dir in jobs.values()})
     for job, _, _ in jobs.values():
         # requeued by the job itself; started at once, not after Slurm's
         # requeue delay
