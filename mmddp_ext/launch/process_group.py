@@ -13,6 +13,7 @@ import datetime
 import logging
 import math
 import os
+import socket
 import time
 from typing import List, Optional, Tuple
 
@@ -42,50 +43,108 @@ def visible_gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def local_world_size() -> Optional[int]:
-    """Number of ranks started on this machine by the launcher, or None
-    when the launcher does not say (no ``LOCAL_WORLD_SIZE``). ``WORLD_SIZE``
-    is no stand-in: on several nodes it counts every node's ranks."""
-    value = os.environ.get('LOCAL_WORLD_SIZE')
-    if value is not None:
-        return int(value)
-    return None if 'WORLD_SIZE' in os.environ else 1
-
-
 def local_rank() -> int:
     """Rank of this process on its machine (0 outside a launcher)."""
     return int(os.environ.get('LOCAL_RANK', 0))
 
 
-def choose_backend(requested: Optional[str] = None) -> Tuple[str, str]:
-    """Pick the process-group backend for this machine.
+def gpu_identity(device: torch.device) -> str:
+    """The physical GPU behind ``device``: ``'host/uuid'``, or ``''`` for a
+    CPU device.
 
-    NCCL needs one CUDA device per local rank. When CUDA is unavailable, or
-    the launcher says there are fewer GPUs than local ranks, gloo is used
-    instead. When the launcher does not say how many ranks share this
-    machine (no ``LOCAL_WORLD_SIZE``), GPUs mean NCCL: the count is not
-    guessed from ``WORLD_SIZE``, which would switch a multi-node NCCL job
-    to gloo without a word.
+    The UUID names the card whatever ``CUDA_VISIBLE_DEVICES`` this process
+    was given (Slurm's ``--gpus-per-task`` shows each task its own card as
+    ``cuda:0``); where torch has no ``uuid`` the visible device's entry in
+    ``CUDA_VISIBLE_DEVICES`` stands in.
+    """
+    if device.type != 'cuda':
+        return ''
+    index = torch.cuda.current_device() if device.index is None else (
+        device.index)
+    uuid = getattr(torch.cuda.get_device_properties(index), 'uuid', None)
+    if uuid is None:
+        visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+        uuid = visible.split(',')[index] if visible else index
+    return f'{socket.gethostname()}/{uuid}'
+
+
+def decide_backend(requested: Optional[str], world_size: int, without_gpu: int,
+                   sharing: int) -> Tuple[str, str]:
+    """The backend of a launch from what its ranks said of their GPUs.
+
+    NCCL needs a GPU of its own for every rank: it refuses two ranks on
+    one card. So NCCL when no rank is without a GPU and none shares its
+    GPU with another rank, gloo otherwise (ranks then share GPUs round
+    robin, or compute on the CPU).
 
     Args:
         requested (str, optional): Backend from ``env_cfg.dist_cfg.backend``.
             ``None`` or ``'nccl'`` mean "the best one available"; any other
-            name (``'gloo'``, ``'mpi'``) is used as given. Defaults to None.
+            name (``'gloo'``, ``'mpi'``) is used as given.
+        world_size (int): Ranks of the launch.
+        without_gpu (int): Ranks that have no CUDA device.
+        sharing (int): Ranks whose GPU another rank uses too.
 
     Returns:
         tuple[str, str]: The backend and a short reason for the choice.
     """
-    gpus, ranks = visible_gpu_count(), local_world_size()
     if requested not in (None, 'nccl'):
         return requested, f'backend {requested!r} requested in dist_cfg'
-    if gpus == 0:
+    if without_gpu == world_size:
         return 'gloo', 'CUDA is not available'
-    if ranks is None:
-        return 'nccl', (f'{gpus} GPU(s); LOCAL_WORLD_SIZE is not set, so '
-                        'one GPU per local rank is assumed')
-    if gpus < ranks:
-        return 'gloo', f'{gpus} GPU(s) for {ranks} local ranks'
-    return 'nccl', f'{gpus} GPU(s) for {ranks} local ranks'
+    if without_gpu:
+        return 'gloo', (f'{without_gpu} of {world_size} ranks have no '
+                        'GPU')
+    if sharing:
+        return 'gloo', (f'{sharing} of {world_size} ranks share a GPU with '
+                        'another rank')
+    return 'nccl', f'each of the {world_size} ranks has a GPU of its own'
+
+
+def count_gpus_shared(store: torch_dist.Store, world_size: int, identity: str,
+                      prefix: str) -> Tuple[int, int]:
+    """How many ranks of the launch have no GPU, and how many share theirs
+    with another rank: the same two numbers on every rank.
+
+    Each rank counts itself under its card's :func:`gpu_identity` in the
+    rendezvous store, then under "shares" when its card's count is above
+    one. A rank cannot tell from what it sees alone: a task shown one GPU
+    of the two on its node may share it with the other task or have it to
+    itself (Slurm's ``--gpus-per-task=1``, a wrapper setting
+    ``CUDA_VISIBLE_DEVICES=$SLURM_LOCALID``).
+
+    Args:
+        store (Store): The launch's rendezvous store.
+        world_size (int): Ranks of the launch; every one calls this.
+        identity (str): This rank's :func:`gpu_identity`.
+        prefix (str): Keys of this launch attempt in the store.
+
+    Raises:
+        RuntimeError: A rank did not arrive within the store's timeout.
+    """
+    card = f'{prefix}/gpu/{identity}'
+    store.add(card if identity else f'{prefix}/without_gpu', 1)
+    _store_barrier(store, f'{prefix}/counted', world_size)
+    shares = bool(identity) and store.add(card, 0) > 1
+    store.add(f'{prefix}/sharing', int(shares))
+    _store_barrier(store, f'{prefix}/compared', world_size)
+    without_gpu = store.add(f'{prefix}/without_gpu', 0)
+    return without_gpu, store.add(f'{prefix}/sharing', 0)
+
+
+def _store_barrier(store: torch_dist.Store, key: str, world_size: int) -> None:
+    arrived = store.add(key, 1)
+    if arrived == world_size:
+        store.set(f'{key}/all', '1')
+    try:
+        store.wait([f'{key}/all'])
+    except RuntimeError as error:
+        raise RuntimeError(
+            f'mmddp_ext: rank {os.environ.get("RANK")} waited for every '
+            f'rank to say which GPU it uses ({key}), but only '
+            f'{store.add(key, 0)} of {world_size} arrived before the '
+            f'timeout ({error}). A rank that never started, or that '
+            'failed before this point, has its own log.') from error
 
 
 def rank_device() -> torch.device:
@@ -98,6 +157,35 @@ def rank_device() -> torch.device:
     if gpus == 0:
         return torch.device('cpu')
     return torch.device('cuda', local_rank() % gpus)
+
+
+def index_cards_by_local_rank(local: int, count: int) -> None:
+    """Make entry ``local`` of ``CUDA_VISIBLE_DEVICES`` name this rank's
+    card, for MMEngine, once CUDA is initialised in this process.
+
+    MMEngine's logger finds a rank's GPU as
+    ``CUDA_VISIBLE_DEVICES.split(',')[LOCAL_RANK]`` whenever it creates a
+    logger, and raises ``IndexError`` where a rank sees fewer GPUs than
+    its local rank: a Slurm task shown only its own card
+    (``--gpus-per-task=1``; MMEngine's own Slurm set-up hides this by
+    setting ``LOCAL_RANK`` to the device index) and ranks sharing GPUs
+    round robin. The list is extended with the cards the ranks use, entry
+    ``r`` naming card ``r % count``, so that it names this rank's card at
+    ``local``; a list long enough already is left as it is. CUDA read the
+    variable when it started, so this process's devices do not change.
+
+    Args:
+        local (int): This rank's ``LOCAL_RANK``.
+        count (int): GPUs this process sees.
+    """
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+    ids = visible.split(',')[:count] if visible else [
+        str(i) for i in range(count)
+    ]
+    if count <= 0 or local < len(ids):
+        return
+    os.environ['CUDA_VISIBLE_DEVICES'] = ','.join(ids[r % len(ids)]
+                                                  for r in range(local + 1))
 
 
 def _check_torchrun_env(launcher: str) -> None:
@@ -253,6 +341,21 @@ def release_gloo_work_before_exit() -> None:
         _exit_grace_registered = True
 
 
+_inits = 0
+
+
+def _launch_attempt() -> str:
+    """Store keys of this process group's creation: one per torchrun
+    restart and Slurm requeue (torchrun's agent keeps its store across
+    restarts), and per creation in this process."""
+    global _inits
+    _inits += 1
+    restarts = '.'.join(
+        os.environ.get(key, '0')
+        for key in ('TORCHELASTIC_RESTART_COUNT', 'SLURM_RESTART_COUNT'))
+    return f'mmddp_ext/backend/{restarts}/{_inits}'
+
+
 def init_distributed(launcher: str,
                      backend: Optional[str] = None,
                      timeout: Optional[float] = None,
@@ -261,9 +364,10 @@ def init_distributed(launcher: str,
     """Initialise the default process group on CPU or GPU.
 
     Replaces ``mmengine.dist.init_dist`` for ``launcher='pytorch'`` and
-    ``'slurm'``: it differs in choosing gloo when NCCL cannot run (see
-    :func:`choose_backend`), in setting a CUDA device only when one exists
-    and, under Slurm, in the rendezvous
+    ``'slurm'``: it differs in choosing gloo when NCCL cannot run, which
+    the ranks agree on in the rendezvous store before the group exists
+    (:func:`count_gpus_shared`, :func:`decide_backend`), in setting a CUDA
+    device only when one exists and, under Slurm, in the rendezvous
     (:func:`~mmddp_ext.launch.environments.export_slurm_rendezvous`: the
     master from the node list without ``scontrol``, a port per job).
     ``'mpi'`` is delegated to MMEngine, which needs CUDA.
@@ -271,7 +375,7 @@ def init_distributed(launcher: str,
     Args:
         launcher (str): ``'pytorch'``, ``'slurm'`` or ``'mpi'``.
         backend (str, optional): Requested backend; see
-            :func:`choose_backend`. Defaults to None.
+            :func:`decide_backend`. Defaults to None.
         timeout (float, optional): Collective timeout in seconds.
             Defaults to None, meaning ``DEFAULT_COLLECTIVE_TIMEOUT_S``.
         port (int, optional): ``env_cfg.dist_cfg.port``: the rendezvous
@@ -279,7 +383,8 @@ def init_distributed(launcher: str,
             its own port already, so it is ignored there, with a
             warning). Defaults to None.
         **kwargs: Passed to ``torch.distributed.init_process_group``
-            unchanged.
+            unchanged, but for an ``init_method`` or ``store``: the
+            rendezvous through which the ranks agree on the backend first.
 
     Returns:
         str: The backend in use.
@@ -318,14 +423,31 @@ def init_distributed(launcher: str,
                 logger='current',
                 level=logging.WARNING)
     kwargs['timeout'] = datetime.timedelta(seconds=timeout)
-    chosen, reason = choose_backend(backend)
+    rank, world_size = int(os.environ['RANK']), int(os.environ['WORLD_SIZE'])
     device = rank_device()
     if device.type == 'cuda':
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # CUDA starts here
+        index_cards_by_local_rank(local_rank(), visible_gpu_count())
+    store = kwargs.pop('store', None)
+    if store is None:
+        store, _, _ = next(
+            torch_dist.rendezvous(
+                kwargs.pop('init_method', None) or 'env://',
+                rank,
+                world_size,
+                timeout=kwargs['timeout']))
+    store.set_timeout(kwargs['timeout'])
+    without_gpu = sharing = 0
+    if backend in (None, 'nccl'):  # the config says the same on every rank
+        without_gpu, sharing = count_gpus_shared(store, world_size,
+                                                 gpu_identity(device),
+                                                 _launch_attempt())
+    chosen, reason = decide_backend(backend, world_size, without_gpu, sharing)
     torch_dist.init_process_group(
         backend=chosen,
-        rank=int(os.environ['RANK']),
-        world_size=int(os.environ['WORLD_SIZE']),
+        store=store,
+        rank=rank,
+        world_size=world_size,
         **kwargs)
     if chosen == 'gloo':
         release_gloo_work_before_exit()

@@ -34,6 +34,7 @@ import torch.multiprocessing as mp
 from torch.overrides import TorchFunctionMode
 
 from .environments import without_outer_launcher
+from .process_group import index_cards_by_local_rank
 
 LOG_TAIL_CHARS = 6000
 # Environment variable naming the ranks' default device (cpu or cuda).
@@ -253,15 +254,9 @@ def _use_rank_device(device: str, rank: int, world_size: int) -> None:
     torch.set_default_device(f'cuda:{index}')
     _DrawWhereTheGeneratorIs().__enter__()  # above the default device
     _full_fp32()
-    if world_size > count:
-        # More ranks than GPUs: MMEngine's logger names the GPU of
-        # LOCAL_RANK by indexing CUDA_VISIBLE_DEVICES (IndexError past the
-        # count). CUDA is initialised, so the variable now only tells
-        # MMEngine (and any subprocess) which GPU each local rank shares.
-        visible = os.environ.get('CUDA_VISIBLE_DEVICES')
-        ids = visible.split(',') if visible else [str(i) for i in range(count)]
-        os.environ['CUDA_VISIBLE_DEVICES'] = ','.join(
-            ids[r % count] for r in range(world_size))
+    # More ranks than GPUs: MMEngine's logger indexes CUDA_VISIBLE_DEVICES
+    # by LOCAL_RANK (this rank's number here).
+    index_cards_by_local_rank(rank, count)
 
 
 class _HostPickler(pickle.Pickler):

@@ -6,20 +6,6 @@ from mmddp_ext.launch import process_group as dist_env
 from mmddp_ext.testing import run_on_ranks
 
 
-@pytest.mark.parametrize('gpus, ranks, requested, expected, why', [
-    (0, 2, None, 'gloo', 'CUDA is not available'),
-    (0, 2, 'nccl', 'gloo', 'CUDA is not available'),
-    (1, 2, 'nccl', 'gloo', '1 GPU(s) for 2 local ranks'),
-    (2, 2, 'nccl', 'nccl', '2 GPU(s) for 2 local ranks'),
-    (8, 8, None, 'nccl', '8 GPU(s) for 8 local ranks'),
-    (8, 8, 'gloo', 'gloo', "backend 'gloo' requested in dist_cfg"),
-])
-def test_choose_backend(monkeypatch, gpus, ranks, requested, expected, why):
-    monkeypatch.setattr(dist_env, 'visible_gpu_count', lambda: gpus)
-    monkeypatch.setenv('LOCAL_WORLD_SIZE', str(ranks))
-    assert dist_env.choose_backend(requested) == (expected, why)
-
-
 def test_rank_device_on_cpu(monkeypatch):
     monkeypatch.setattr(dist_env, 'visible_gpu_count', lambda: 0)
     assert dist_env.rank_device() == torch.device('cpu')
@@ -29,6 +15,40 @@ def test_rank_device_shares_gpus_round_robin(monkeypatch):
     monkeypatch.setattr(dist_env, 'visible_gpu_count', lambda: 2)
     monkeypatch.setenv('LOCAL_RANK', '3')
     assert dist_env.rank_device() == torch.device('cuda', 1)
+
+
+@pytest.mark.parametrize(
+    'visible, local, count, expected',
+    [
+        ('5', 3, 1,
+         '5'),  # a Slurm task shown only its card: --gpus-per-task=1
+        (None, 3, 2, '1'),  # 4 local ranks sharing 2 GPUs round robin
+    ])
+def test_mmengine_finds_the_card_of_a_rank(monkeypatch, visible, local, count,
+                                           expected):
+    """MMEngine's logger reads ``CUDA_VISIBLE_DEVICES[LOCAL_RANK]`` each
+    time it creates a logger; past the list's end it raised IndexError
+    (the negative control, before the fix), on every rank but the first."""
+    from mmengine.logging.logger import _get_device_id
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: count)
+    monkeypatch.setenv('LOCAL_RANK', str(local))
+    if visible is None:
+        monkeypatch.delenv('CUDA_VISIBLE_DEVICES', raising=False)
+    else:
+        monkeypatch.setenv('CUDA_VISIBLE_DEVICES', visible)
+    with pytest.raises(IndexError):
+        _get_device_id()
+    dist_env.index_cards_by_local_rank(local, count)
+    assert str(_get_device_id()) == expected
+    monkeypatch.setattr(dist_env, 'visible_gpu_count', lambda: count)
+    assert dist_env.rank_device().index == local % count
+
+
+def test_a_long_enough_card_list_is_left_alone(monkeypatch):
+    monkeypatch.setenv('CUDA_VISIBLE_DEVICES', '4,5,6,7')
+    dist_env.index_cards_by_local_rank(3, 4)
+    assert dist_env.os.environ['CUDA_VISIBLE_DEVICES'] == '4,5,6,7'
 
 
 def test_unknown_launcher_is_refused():

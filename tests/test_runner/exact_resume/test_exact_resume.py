@@ -22,6 +22,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
+from .toy import CrashAtIterationHook  # noqa: F401 (registers it)
 from .toy import SignalAtIterationHook  # noqa: F401 (registers it)
 from .toy import SignalDuringSaveHook  # noqa: F401 (registers it)
 from .toy import read_trained
@@ -187,6 +188,46 @@ def test_each_part_of_exact_resume_is_needed(tmp_path, monkeypatch, part):
     assert any(not torch.equal(model[k], model_r[k]) for k in model)
     if part == 'sample_seed':
         assert [r['draws'] for r in trained] != [r['draws'] for r in expected]
+
+
+@pytest.mark.parametrize('exact', [True, False])
+def test_a_crash_resumes_exactly_from_a_mid_epoch_checkpoint(tmp_path, exact):
+    """No signal: the run dies two iterations after a checkpoint that
+    ``CheckpointHook(by_epoch=False, interval=4)`` wrote mid-epoch (2
+    workers). ``--resume`` trains the two lost iterations again, as the
+    uninterrupted run trained them, and ends where it ends, bit for bit.
+    The control (``exact_resume=False``, MMEngine's resume) starts the
+    epoch again and ends elsewhere."""
+    def cfg(work_dir, hooks=()):
+        cfg = _cfg(
+            work_dir,
+            workers=2,
+            ext=None if exact else dict(exact_resume=False),
+            extra_hooks=hooks)
+        cfg.default_hooks.checkpoint = dict(
+            type='CheckpointHook', interval=4, by_epoch=False)
+        return cfg
+
+    crashing = cfg(tmp_path / 'run',
+                   [dict(type='CrashAtIterationHook', iteration=10)])
+    with pytest.raises(RuntimeError, match='crash before iteration 10'):
+        _train(crashing)
+    resuming = cfg(tmp_path / 'run')
+    resuming.resume = 'auto'
+    resumed = _train(resuming)
+    whole = _train(cfg(tmp_path / 'whole'))
+    trained = read_trained(tmp_path / 'run', 0)
+    expected = read_trained(tmp_path / 'whole', 0)
+    if not exact:
+        assert trained[10:] != expected[8:]
+        model, _, _, _, _ = _final_state(whole)
+        model_r, _, _, _, _ = _final_state(resumed)
+        assert any(not torch.equal(model[k], model_r[k]) for k in model)
+        return
+    # iterations 9 and 10 trained before the crash and again after it
+    assert trained[:10] == expected[:10]
+    assert trained[10:] == expected[8:]
+    _assert_same(whole, resumed)
 
 
 def test_a_second_signal_during_the_save_is_harmless(tmp_path):

@@ -140,6 +140,19 @@ class SignalAtIterationHook(Hook):
 
 
 @HOOKS.register_module()
+class CrashAtIterationHook(Hook):
+    """Raises before iteration ``iteration``: a process that dies without
+    warning (no signal, no checkpoint of its own)."""
+
+    def __init__(self, iteration: int):
+        self.iteration = iteration
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter == self.iteration:
+            raise RuntimeError(f'crash before iteration {self.iteration}')
+
+
+@HOOKS.register_module()
 class SignalDuringSaveHook(Hook):
     """Sends ``signum`` to this process while the first checkpoint is being
     written (from ``before_save_checkpoint``, inside the save)."""
