@@ -30,14 +30,15 @@ to each checkpoint, and :func:`resume_data` moves a resumed run there.
 """
 import copy
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
-from mmengine.dist import get_rank
+from mmengine.dist import get_rank, get_world_size
 from mmengine.logging import print_log
 from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
 
 from ..datasets.seeded_samples import (SeededFetch, install_seeded_samples,
                                        seed_global_generators, step_seed)
+from ..utils.text import log_on_every_rank
 
 META_KEY = 'exact_resume'
 _STEP_TAGS = dict(epoch=0, iter=1)
@@ -110,8 +111,58 @@ def position_meta(loop, meta: Optional[dict], epoch: int,
     meta = dict(meta or {})
     if is_resumable(loop):
         meta[META_KEY] = dict(
-            batches_in_epoch=loop.batches_in_epoch(epoch, iteration))
+            batches_in_epoch=loop.batches_in_epoch(epoch, iteration),
+            world_size=get_world_size(),
+            batch_size=_batch_size(loop))
     return meta
+
+
+def _batch_size(loop) -> int:
+    """Images per batch on one rank of ``loop``'s dataloader."""
+    loader = loop.dataloader
+    size = getattr(loader.batch_sampler, 'batch_size', None)
+    return size or loader.batch_size
+
+
+def same_samples_position(position: int, recorded: dict, world_size: int,
+                          batch_size: int) -> Tuple[int, Optional[str]]:
+    """The position, in this run's batches per rank, after the samples a
+    checkpoint's ``position`` trained, and what differs (None when the
+    checkpoint's world size and batch size are this run's).
+
+    The samplers MMEngine builds (``DefaultSampler``, ``InfiniteSampler``)
+    deal one shuffled order of the whole pass to the ranks round robin,
+    so ``b`` batches on each of ``W`` ranks of ``B`` images have trained
+    the order's first ``b * W * B`` samples, whatever ``W`` and ``B``
+    are. A run resumed on another number of ranks or another batch size
+    continues after the last whole batch of its own inside them: none of
+    the pass's samples is left out, and fewer than one global batch of
+    them is trained again. Exactness (the same samples in the same
+    batches, the same augmentation) needs the same world size and batch
+    size. A batch sampler that regroups indices (``AspectRatioBatchSampler``)
+    deals them in another order, so there this is an approximation.
+
+    Args:
+        position (int): Batches per rank the checkpoint trained.
+        recorded (dict): The checkpoint's :data:`META_KEY` record.
+        world_size (int): Ranks of this run.
+        batch_size (int): Images per batch on a rank of this run.
+    """
+    before = (recorded.get('world_size'), recorded.get('batch_size'))
+    if None in before or before == (world_size, batch_size):
+        return position, None
+    samples = position * before[0] * before[1]
+    converted = samples // (world_size * batch_size)
+    again = samples - converted * world_size * batch_size
+    return converted, (
+        f'the checkpoint was written by {before[0]} rank(s) of {before[1]} '
+        f'image(s) per batch, and this run has {world_size} of '
+        f'{batch_size}: the first {samples} samples of the sampler\'s '
+        'order it trained (in this epoch; in the run, for an iteration '
+        f'loop) are {converted} batch(es) per rank here, so {again} of '
+        'them are trained again and none is left out (exact resume, the '
+        'same batches and augmentation, needs the same world size and '
+        'batch size)')
 
 
 def resume_data(runner, meta: dict, seed_before: int) -> None:
@@ -136,9 +187,18 @@ def resume_data(runner, meta: dict, seed_before: int) -> None:
             level=logging.WARNING)
         return
     _follow_resumed_seed(loop.dataloader, seed_before, runner.seed)
-    position = (meta.get(META_KEY) or {}).get('batches_in_epoch')
+    recorded = meta.get(META_KEY) or {}
+    position = recorded.get('batches_in_epoch')
     if position is None:
         position = _position_without_record(loop, meta)
+    else:
+        position, changed = same_samples_position(position, recorded,
+                                                  runner.world_size,
+                                                  _batch_size(loop))
+        if changed:
+            log_on_every_rank(
+                f'ExtRunner (rank {runner.rank}): resumed on another '
+                f'number of ranks or batch size: {changed}.', logging.WARNING)
     loop.resume_at(position)
     print_log(
         f'ExtRunner: exact resume at epoch {meta["epoch"]}, iteration '

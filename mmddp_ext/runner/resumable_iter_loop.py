@@ -44,14 +44,16 @@ class EndlessBatches:
     def __iter__(self) -> 'EndlessBatches':
         return self
 
-    def fast_forward(self, batches: int) -> None:
+    def fast_forward(self, batches: int, iterations: int) -> None:
         """Continue after the first ``batches`` batches of the run; the
-        next ``batches`` calls of ``next``, with which
-        ``IterBasedTrainLoop.run`` skips them, return None at once."""
+        next ``iterations`` calls of ``next``, with which
+        ``IterBasedTrainLoop.run`` skips the iterations trained (as many
+        as ``batches`` unless the world size or batch size changed),
+        return None at once."""
         sampler = self._dataloader.batch_sampler
         self._epoch = sampler.fast_forward(batches)
         sampler.next_batch = batches
-        self._answer_skips = batches
+        self._answer_skips = iterations
 
     def __next__(self) -> Any:
         if self._answer_skips:
@@ -108,7 +110,7 @@ class ResumableIterBasedTrainLoop(IterBasedTrainLoop):
             'them).',
             logger='current',
             level=logging.INFO)
-        self.dataloader_iterator.fast_forward(batches)
+        self.dataloader_iterator.fast_forward(batches, self._iter)
 
     def batches_in_epoch(self, epoch: int, iteration: int) -> int:
         """Batches a checkpoint that continues at ``iteration`` has trained
