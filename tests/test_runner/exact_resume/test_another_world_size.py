@@ -8,30 +8,23 @@ import collections
 import glob
 import os
 import os.path as osp
-import signal
 
 import pytest
 
 from mmddp_ext.runner.exact_resume import same_samples_position
 from mmddp_ext.testing import run_on_ranks
-from .test_exact_resume import _cfg, _train
+from .test_exact_resume import _cfg, _stopped, _train
 from .toy import read_trained
 
 SAMPLES = 12  # the toy dataset; 6 batches of 2 per epoch on one rank
 STOP = 8  # the checkpoint: after 9 iterations, 3 batches into epoch 1
 
 
-def _stopped(work_dir):
-    """One rank, 2 images per batch, stopped 6 samples into epoch 1."""
-    with pytest.raises(SystemExit) as stopped:
-        _train(
-            _cfg(
-                work_dir,
-                extra_hooks=[
-                    dict(type='SignalAtIterationHook', iteration=STOP)
-                ]))
-    assert stopped.value.code == 128 + signal.SIGUSR1
-    return read_trained(work_dir, 0)[6:STOP + 1]  # epoch 1 before the stop
+def _stopped_in_epoch_1(work_dir):
+    """One rank, 2 images per batch, stopped 6 samples into epoch 1; what
+    it trained of epoch 1."""
+    _stopped(work_dir, STOP)
+    return read_trained(work_dir, 0)[6:STOP + 1]
 
 
 def _counts(records):
@@ -47,7 +40,7 @@ def test_another_batch_size_leaves_no_sample_out(tmp_path, monkeypatch):
     from mmddp_ext.runner import exact_resume
     for switched_off in (False, True):
         work_dir = tmp_path / f'off{int(switched_off)}'
-        before = _stopped(work_dir)
+        before = _stopped_in_epoch_1(work_dir)
         if switched_off:
             monkeypatch.setattr(exact_resume, 'same_samples_position',
                                 lambda position, *args: (position, None))
@@ -84,7 +77,7 @@ def test_another_world_size_leaves_no_sample_out(tmp_path):
     one batch of 2 on each rank, so 2 of them are trained again; the rest
     of the pass is dealt to both ranks, and each rank says what changed."""
     work_dir = tmp_path / 'run'
-    before = _stopped(work_dir)
+    before = _stopped_in_epoch_1(work_dir)
     log_dir = str(tmp_path / 'ranks')
     os.makedirs(log_dir)
     assert run_on_ranks(

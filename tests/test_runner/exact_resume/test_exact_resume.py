@@ -77,8 +77,9 @@ def _final_state(runner):
     return model, averaged, lr, runner.iter, runner.epoch
 
 
-def _stopped_and_resumed(tmp_path, stop, **kwargs):
-    work_dir = tmp_path / 'stopped'
+def _stopped(work_dir, stop, **kwargs):
+    """Train until ``SIGUSR1`` before iteration ``stop`` (0-based) stops
+    the run with its checkpoint."""
     with pytest.raises(SystemExit) as stopped:
         _train(
             _cfg(
@@ -90,6 +91,11 @@ def _stopped_and_resumed(tmp_path, stop, **kwargs):
     assert stopped.value.code == 128 + signal.SIGUSR1
     with open(work_dir / 'last_checkpoint') as f:
         assert f.read().strip().endswith(f'iter_{stop + 1}.pth')
+
+
+def _stopped_and_resumed(tmp_path, stop, **kwargs):
+    work_dir = tmp_path / 'stopped'
+    _stopped(work_dir, stop, **kwargs)
     cfg = _cfg(work_dir, **kwargs)
     cfg.resume = 'auto'
     return _train(cfg), work_dir
