@@ -3,6 +3,7 @@ import inspect
 import logging
 import os
 import os.path as osp
+from dataclasses import asdict, replace
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch.distributed as dist
@@ -35,8 +36,9 @@ from .exact_resume import (position_meta, prepare_loop, resumable_loader_cfg,
                            resumable_loop_cfg, resume_data)
 from .ext_cfg import checked_ext_cfg, ext_hooks, train_collate_cfg
 from .formatted_once_config import FormattedOnceConfig
-from .start_point import (RECORD, StartPoint, check_resume, checkpoint_stamp,
-                          choose_start, peek_is_training_checkpoint,
+from .start_point import (RECORD, StartPoint, check_resume, checkpoint_damage,
+                          checkpoint_stamp, choose_start,
+                          newest_whole_checkpoint, peek_is_training_checkpoint,
                           restart_count)
 
 _TIMEOUT_WORDS = ('timed out', 'timeout', 'connection closed by peer')
@@ -237,9 +239,11 @@ class ExtRunner(Runner):
         """Differs from ``Runner.save_checkpoint``: ``meta`` also holds
         the position an exact resume continues from
         (:func:`~.exact_resume.position_meta`), and a local file is written
-        under a temporary name and renamed once whole, so a process killed
-        during the save never leaves a truncated checkpoint under the name
-        ``last_checkpoint`` points to."""
+        under a temporary name, flushed to the disk and renamed once whole,
+        so a process killed during the save never leaves a truncated
+        checkpoint under the name ``last_checkpoint`` points to (and a
+        resume passes over one that another cause cut short:
+        :meth:`load_or_resume`)."""
         given = inspect.signature(Runner.save_checkpoint).bind(
             self, out_dir, filename, *args, **kwargs)
         given.apply_defaults()
@@ -260,9 +264,16 @@ class ExtRunner(Runner):
             arguments['filename'] = f'.{filename}.partial'
         super().save_checkpoint(*given.args[1:], **given.kwargs)
         if local and self.rank == 0:
-            os.replace(
-                osp.join(out_dir, arguments['filename']),
-                osp.join(out_dir, filename))
+            partial = osp.join(out_dir, arguments['filename'])
+            # The data on the disk before the name: a rename that reaches
+            # the disk first would name a file cut short after a node's
+            # crash (a fresh name is not covered by ext4's auto_da_alloc).
+            descriptor = os.open(partial, os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+            os.replace(partial, osp.join(out_dir, filename))
 
     def build_optim_wrapper(self, optim_wrapper):
         """Differs from ``Runner.build_optim_wrapper`` for an
@@ -312,13 +323,18 @@ class ExtRunner(Runner):
         start follows :func:`~mmddp_ext.runner.start_point.choose_start`
         (see the class docstring), rank 0 decides it for every rank, each
         rank logs it, and AutoDDP applies a stored decision before the
-        first step. Validation and testing load as stock."""
+        first step. A latest checkpoint that is missing or cut short gives
+        way to the newest whole training checkpoint of its directory, with
+        a warning (none there: a ValueError that says what to do).
+        Validation and testing load as stock."""
         if self._has_loaded or not self._training_starts:
             return super().load_or_resume()
         check_resume(self._resume)
         start, need = self._agree_on_start()
-        log_on_every_rank(f'ExtRunner (rank {self.rank}/{self.world_size})'
-                          f'{_restart_text()}: {start.describe()}.')
+        log_on_every_rank(
+            f'ExtRunner (rank {self.rank}/{self.world_size})'
+            f'{_restart_text()}: {start.describe()}.',
+            logging.WARNING if start.warn else logging.INFO)
         # What the runner loads, for hooks that read them (EMAHook swaps
         # its weights in after_load_checkpoint only for a resume).
         self._resume = start.action == 'resume'
@@ -345,7 +361,7 @@ class ExtRunner(Runner):
         if self.rank == 0:
             try:
                 decided = [self._decide_start()]
-            except (OSError, ValueError) as error:
+            except Exception as error:  # raised on every rank below
                 decided = [f'{type(error).__name__}: {error}']
         broadcast_object_list(decided)
         if isinstance(decided[0], str):
@@ -362,16 +378,54 @@ class ExtRunner(Runner):
         latest = None
         if osp.isfile(last):
             with open(last) as f:
-                latest = checkpoint_stamp(f.read().strip() or None)
+                latest = f.read().strip() or None
         trusted = self.cfg.get('trusted_checkpoints')
-        start, record = choose_start(
-            self._resume,
-            self._load_from,
-            latest,
-            restart=restart_count(),
-            record=read_record(work_dir, RECORD),
-            is_training_checkpoint=lambda path: peek_is_training_checkpoint(
-                path, trusted))
+
+        def peek(path: str) -> bool:
+            return peek_is_training_checkpoint(path, trusted)
+
+        def is_training_checkpoint(path: str) -> bool:
+            damage = checkpoint_damage(path)
+            if damage:
+                other = newest_whole_checkpoint(osp.dirname(path), path, peek)
+                raise ValueError(
+                    f'the checkpoint to resume from, {path}, is {damage}. '
+                    'Resume from another one (--resume PATH); the newest '
+                    f'whole one of its directory is {other}.')
+            return peek(path)
+
+        def start_from(latest: Optional[str]):
+            return choose_start(
+                self._resume,
+                self._load_from,
+                checkpoint_stamp(latest),
+                restart=restart_count(),
+                record=read_record(work_dir, RECORD),
+                is_training_checkpoint=is_training_checkpoint)
+
+        start, record = start_from(latest)
+        damage = checkpoint_damage(latest) if latest else None
+        if damage and start.path == latest:
+            # The latest checkpoint is damaged: its newest whole
+            # predecessor stands in, and exact resume retrains from there.
+            stand_in = newest_whole_checkpoint(
+                osp.dirname(latest), latest, peek)
+            if stand_in is None:
+                raise ValueError(
+                    f'{latest}, the latest checkpoint of {work_dir} '
+                    f'(last_checkpoint), is {damage}, and no other whole '
+                    'training checkpoint is there to resume from. To start '
+                    f'again, delete {last}; to resume from a copy, pass '
+                    '--resume PATH.')
+            start, record = start_from(stand_in)
+            start = replace(
+                start,
+                why=(f'{latest}, the latest checkpoint, is {damage}, so '
+                     f'the newest whole one stands in for it; '
+                     f'{start.why}'),
+                warn=True)
+            if record is not None:
+                record['start'] = asdict(start)
         if record is not None:
             write_record(work_dir, RECORD, record)
             if not record['inputs']['resume']:  # a new run

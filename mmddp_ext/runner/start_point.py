@@ -16,7 +16,10 @@ run left there, and so that a later ``--resume`` (MMDetection's clears
 :func:`choose_start` is the rule, free of I/O; ``ExtRunner.load_or_resume``
 feeds it and applies what it returns.
 """
+import glob
 import os
+import os.path as osp
+import zipfile
 from dataclasses import asdict, dataclass
 from typing import Callable, List, Optional, Tuple
 
@@ -38,10 +41,13 @@ class StartPoint:
             starts at iteration 0) or ``'scratch'`` (nothing).
         path (str, optional): The checkpoint; None for ``'scratch'``.
         why (str): The reason, for the log line.
+        warn (bool): Whether the log line is a warning (a damaged
+            checkpoint was passed over). Defaults to False.
     """
     action: str
     path: Optional[str]
     why: str
+    warn: bool = False
 
     def describe(self) -> str:
         if self.action == 'resume':
@@ -72,6 +78,44 @@ def checkpoint_stamp(path: Optional[str]) -> Optional[Stamp]:
     except OSError:
         return [path, None, None]
     return [path, stat.st_mtime_ns, stat.st_size]
+
+
+def checkpoint_damage(path: str) -> Optional[str]:
+    """What is wrong with the local checkpoint file ``path`` (None: nothing
+    this can see), read from its size and its last bytes only.
+
+    ``torch.save`` writes a zip archive, whose directory is at its end: a
+    file cut short (a node lost between the rename and the data reaching
+    the disk, a copy that did not finish) starts as a zip and lacks it. A
+    path with a scheme (``s3://``) is not checked.
+    """
+    if '://' in path:
+        return None
+    if not osp.isfile(path):
+        return 'missing'
+    if osp.getsize(path) == 0:
+        return 'empty'
+    with open(path, 'rb') as f:
+        zipped = f.read(4) == b'PK\x03\x04'
+    if zipped and not zipfile.is_zipfile(path):
+        return 'cut short (its zip directory is missing)'
+    return None
+
+
+def newest_whole_checkpoint(
+        directory: str, damaged: str,
+        is_training_checkpoint: Callable[[str], bool]) -> Optional[str]:
+    """The newest ``*.pth`` in ``directory`` (by modification time) other
+    than ``damaged`` that is whole and holds training state, or None."""
+    candidates = [
+        path for path in glob.glob(osp.join(directory, '*.pth'))
+        if osp.abspath(path) != osp.abspath(damaged)
+    ]
+    candidates.sort(key=lambda path: os.stat(path).st_mtime_ns, reverse=True)
+    for path in candidates:
+        if checkpoint_damage(path) is None and is_training_checkpoint(path):
+            return path
+    return None
 
 
 def holds_training_state(checkpoint: dict) -> bool:

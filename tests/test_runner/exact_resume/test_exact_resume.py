@@ -204,6 +204,7 @@ def test_a_crash_resumes_exactly_from_a_mid_epoch_checkpoint(tmp_path, exact):
     uninterrupted run trained them, and ends where it ends, bit for bit.
     The control (``exact_resume=False``, MMEngine's resume) starts the
     epoch again and ends elsewhere."""
+
     def cfg(work_dir, hooks=()):
         cfg = _cfg(
             work_dir,
@@ -236,16 +237,72 @@ def test_a_crash_resumes_exactly_from_a_mid_epoch_checkpoint(tmp_path, exact):
     _assert_same(whole, resumed)
 
 
+def _damage(path, how):
+    if how == 'cut short':
+        data = path.read_bytes()
+        path.write_bytes(data[:len(data) // 2])
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize('how', ['cut short', 'missing'])
+def test_a_damaged_latest_checkpoint_gives_way_to_the_one_before(
+        tmp_path, how):
+    """``last_checkpoint`` names a checkpoint cut short (a node lost before
+    the file's data reached the disk) or gone: the resume passes over it
+    to the newest whole checkpoint (epoch 1's), says why, and ends where
+    the uninterrupted run ends, bit for bit. The control: MMEngine's
+    resume of the file ``last_checkpoint`` names fails."""
+    work_dir = tmp_path / 'run'
+    _stopped(work_dir, 8)  # iter_9.pth, after epoch_1.pth
+    _damage(work_dir / 'iter_9.pth', how)
+    cfg = _cfg(work_dir)
+    cfg.resume = 'auto'
+    resumed = _train(cfg)
+    _assert_same(_train(_cfg(tmp_path / 'whole')), resumed)
+    trained = read_trained(work_dir, 0)
+    assert len(trained) == 9 + 2 * ITERS_PER_EPOCH  # epoch 1 again
+    logs = ''.join(p.read_text() for p in work_dir.glob('*/*.log'))
+    assert (f'iter_9.pth, the latest checkpoint, is {how}' in logs
+            and 'epoch_1.pth' in logs)
+    with pytest.raises((RuntimeError, OSError)):  # torch: Invalid argument
+        resumed.resume(str(work_dir / 'iter_9.pth'))
+
+
+def test_no_whole_checkpoint_left_is_refused_with_the_fix(tmp_path):
+    """Nothing whole to resume from, or ``--resume PATH`` naming a
+    damaged file: a ValueError that names the file and what to do (before,
+    torch's unpickling error, or a fresh start from scratch)."""
+    work_dir = tmp_path / 'run'
+    _stopped(work_dir, 8)
+    _damage(work_dir / 'iter_9.pth', 'cut short')
+    (work_dir / 'epoch_1.pth').unlink()
+    cfg = _cfg(work_dir)
+    cfg.resume = 'auto'
+    with pytest.raises(
+            ValueError,
+            match='no other whole training '
+            'checkpoint.*delete .*last_checkpoint'):
+        _train(cfg)
+    cfg = _cfg(work_dir)
+    cfg.resume, cfg.load_from = True, str(work_dir / 'iter_9.pth')
+    with pytest.raises(ValueError, match='iter_9.pth, is cut short'):
+        _train(cfg)
+
+
 def test_a_second_signal_during_the_save_is_harmless(tmp_path):
     """SIGTERM arrives while the checkpoint SIGUSR1 asked for is being
     written: the request only repeats; the run stops as SIGUSR1 asked, with
     one whole checkpoint that resumes."""
     work_dir = tmp_path / 'run'
     with pytest.raises(SystemExit) as stopped:
-        _train(_cfg(work_dir, extra_hooks=[
-            dict(type='SignalAtIterationHook', iteration=4),
-            dict(type='SignalDuringSaveHook', signum=signal.SIGTERM)
-        ]))
+        _train(
+            _cfg(
+                work_dir,
+                extra_hooks=[
+                    dict(type='SignalAtIterationHook', iteration=4),
+                    dict(type='SignalDuringSaveHook', signum=signal.SIGTERM)
+                ]))
     assert stopped.value.code == 128 + signal.SIGUSR1
     assert sorted(p.name for p in work_dir.glob('*.pth')) == ['iter_5.pth']
     torch.load(work_dir / 'iter_5.pth', weights_only=True)
