@@ -7,7 +7,7 @@
 #   bash tools/dist_launch.sh SCRIPT CONFIG NPROC [SCRIPT args...]
 #
 # Environment: NNODES (1), NODE_RANK (0), MASTER_ADDR (127.0.0.1),
-# PORT (29500), PYTHON (python3), MAX_RESTARTS (0): how many times torchrun
+# PORT (see below), PYTHON (python3), MAX_RESTARTS (0): how many times torchrun
 # restarts every rank after one fails or is killed (--max-restarts);
 # train.py then resumes from the latest checkpoint in the work dir.
 set -euo pipefail
@@ -33,7 +33,23 @@ if ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
 fi
 NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
-PORT="${PORT:-29500}"
+# The rendezvous port, unless PORT names one: on one node a free port, so
+# that two runs on a machine never collide on torchrun's 29500; on several
+# nodes inside a Slurm job one of the job's own, the same on every node
+# (mmddp_ext.launch.environments.slurm_port's formula, which
+# tests/test_tools/test_dist_train.py checks); else 29500.
+if [ -z "${PORT:-}" ]; then
+    if [ "$NNODES" = 1 ]; then
+        PORT="$(python3 -c 'import socket; s = socket.socket()
+s.bind(("", 0)); print(s.getsockname()[1])')"
+    elif [[ "${SLURM_JOB_ID:-}" =~ ^[0-9]+$ ]]; then
+        STEP="${SLURM_STEP_ID:-0}"
+        [[ "$STEP" =~ ^[0-9]+$ ]] || STEP=0
+        PORT=$((12000 + (SLURM_JOB_ID * 16 + STEP % 16) % 17000))
+    else
+        PORT=29500
+    fi
+fi
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MAX_RESTARTS="${MAX_RESTARTS:-0}"
 if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then

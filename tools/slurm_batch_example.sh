@@ -24,7 +24,9 @@
 #    which runs srun in the foreground and would not pass it on in time.
 #    A preemption (PreemptMode=REQUEUE) or scancel sends SIGTERM instead.
 # 2. On SIGUSR1 or SIGTERM the runner saves a checkpoint at the next
-#    iteration boundary and runs 'scontrol requeue $SLURM_JOB_ID'. Slurm
+#    iteration boundary; after SIGUSR1 it runs 'scontrol requeue
+#    $SLURM_JOB_ID' (not after SIGTERM: scancel means stop, and Slurm
+#    requeues a job it preempts itself). Slurm
 #    then ends the job at once (SIGTERM, SIGKILL KillWait later) and
 #    queues it again; it may start after AuthInfo cred_expire (120 s by
 #    default), from the top of this script, with SLURM_RESTART_COUNT=1, 2..
@@ -76,7 +78,7 @@ srun --kill-on-bad-exit=1 "${PYTHON:-python3}" -u tools/train.py "$CONFIG" \
 # export NNODES="$SLURM_NNODES"
 # export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" |
 #     head -n1)"
-# export PORT=$((20000 + SLURM_JOB_ID % 20000))  # one port per job
+# # PORT: dist_train.sh takes one of the job's own by itself.
 # # NODE_RANK differs per node, so the task itself reads SLURM_NODEID.
 # # Slurm's SIGUSR1 goes to every process of the step, torchrun included,
 # # which dies of it unless it ignores it: tools/dist_launch.sh starts it

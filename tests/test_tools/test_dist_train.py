@@ -1,8 +1,11 @@
 """tools/dist_train.sh end to end on real gloo ranks (CPU)."""
+import os
 import os.path as osp
 import pickle
 import re
 import shutil
+import socket
+import subprocess
 import sys
 import threading
 
@@ -145,3 +148,44 @@ def test_dist_test_needs_three_arguments():
          '2'], timeout=30, check=False)
     assert result.returncode == 2
     assert 'CONFIG, CHECKPOINT and NPROC are required' in result.stdout
+
+
+def _launch_port(tmp_path, **env):
+    """The --master_port dist_train.sh gives torchrun (a PYTHON stub that
+    prints its arguments stands in for it)."""
+    stub = tmp_path / 'python_stub'
+    stub.write_text('#!/bin/sh\necho "$@"\n')
+    stub.chmod(0o755)
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith('SLURM_') and k not in ('PORT', 'NNODES')
+    }
+    result = subprocess.run(
+        ['bash', osp.join(REPO_ROOT, 'tools', 'dist_train.sh'), TINY_CONFIG,
+         '2'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**clean, 'PYTHON': str(stub), **env})
+    assert result.returncode == 0, result.stderr
+    return int(re.search(r'--master_port=(\d+)', result.stdout)[1])
+
+
+def test_the_rendezvous_port_is_the_runs_own(tmp_path):
+    """Two runs on one machine without PORT get free ports of their own
+    (MMDetection's script: 29500 for both, and the second cannot start);
+    several nodes in a Slurm job take the job's port, by the formula the
+    ``--launcher slurm`` ranks use; PORT wins."""
+    from mmddp_ext.launch.environments import slurm_port
+    ports = {_launch_port(tmp_path) for _ in range(2)}
+    assert len(ports) == 2 and 29500 not in ports
+    for port in ports:  # free: it can be bound
+        with socket.socket() as s:
+            s.bind(('', port))
+    for job, step in (('4242', '0'), ('77', '3')):
+        assert _launch_port(
+            tmp_path, NNODES='2', SLURM_JOB_ID=job,
+            SLURM_STEP_ID=step) == slurm_port(job, step)
+    assert _launch_port(tmp_path, NNODES='2') == 29500
+    assert _launch_port(tmp_path, PORT='31337') == 31337
