@@ -21,10 +21,15 @@ The rendezvous differs from MMEngine's ``_init_dist_slurm`` in two ways:
   port searched per rank differs from rank to rank, mmcv #2309).
 
 A user's ``env_cfg.dist_cfg.port``, then ``MASTER_PORT``, win over the
-derived port; a user's ``MASTER_ADDR`` wins over the node list.
+derived port; a user's ``MASTER_ADDR`` wins over the node list. A first
+node whose name does not resolve is reached at its ``NodeAddr``
+(:func:`node_address`).
 """
 import os
 import re
+import shutil
+import socket
+import subprocess
 from typing import Dict, List, Mapping, Optional
 
 # Ports below Linux's ephemeral range (32768-60999), above the well-known
@@ -222,11 +227,49 @@ def _local_world_size(env: Mapping[str, str],
     return counts[index] if index < len(counts) else None
 
 
+def node_address(name: str) -> str:
+    """An address at which the ranks reach Slurm node ``name``: the name
+    when it resolves (DNS, ``/etc/hosts``), else the node's ``NodeAddr``
+    (``scontrol show node``), which ``slurm.conf`` sets for nodes whose
+    names do not resolve.
+
+    Raises:
+        ValueError: The name does not resolve and ``scontrol`` cannot say
+            the node's address; the message says to set ``MASTER_ADDR``.
+    """
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except socket.gaierror as error:
+        unresolved = error
+    scontrol = shutil.which('scontrol')
+    found, why = None, 'is not on PATH'
+    if scontrol:
+        try:
+            result = subprocess.run([scontrol, 'show', 'node', '-o', name],
+                                    capture_output=True,
+                                    text=True,
+                                    timeout=30)
+            found = re.search(r'\bNodeAddr=(\S+)', result.stdout)
+            why = f'printed no NodeAddr ({result.stderr.strip()[:200]})'
+        except (OSError, subprocess.TimeoutExpired) as error:
+            why = f'failed ({error})'
+    if found:
+        return found.group(1)
+    raise ValueError(
+        f"launcher='slurm': the step's first node, {name!r}, hosts the "
+        f'rendezvous, but its name does not resolve ({unresolved}) and '
+        f'scontrol show node {why}. Set MASTER_ADDR to its address before '
+        'srun (export MASTER_ADDR=...), or make the name resolve.')
+
+
 def export_slurm_rendezvous(port: Optional[int] = None) -> Dict[str, str]:
     """Set torchrun's variables in ``os.environ`` from Slurm's (see
-    :func:`slurm_rendezvous`) and return them. Slurm's task variables win
-    over stale ones (``tools/train.py`` sets ``LOCAL_RANK=0`` when none is
-    set)."""
+    :func:`slurm_rendezvous`; the first node at :func:`node_address`) and
+    return them. Slurm's task variables win over stale ones
+    (``tools/train.py`` sets ``LOCAL_RANK=0`` when none is set)."""
     values = slurm_rendezvous(port=port)
+    if not os.environ.get('MASTER_ADDR'):
+        values['MASTER_ADDR'] = node_address(values['MASTER_ADDR'])
     os.environ.update(values)
     return values

@@ -341,6 +341,27 @@ def release_gloo_work_before_exit() -> None:
         _exit_grace_registered = True
 
 
+def _rendezvous_store(init_method: str, rank: int, world_size: int,
+                      timeout: datetime.timedelta) -> torch_dist.Store:
+    """The launch's store, as ``init_process_group`` would make it; a port
+    another process holds is named, with how to choose another."""
+    try:
+        store, _, _ = next(
+            torch_dist.rendezvous(
+                init_method, rank, world_size, timeout=timeout))
+    except RuntimeError as error:
+        if 'EADDRINUSE' not in str(error):
+            raise
+        raise RuntimeError(
+            f'mmddp_ext: rank {rank} cannot host the rendezvous on port '
+            f"{os.environ.get('MASTER_PORT')} of "
+            f"{os.environ.get('MASTER_ADDR')}: another process (a job "
+            'sharing the node, a service) holds it. Choose another port: '
+            'env_cfg.dist_cfg.port or MASTER_PORT for --launcher slurm, '
+            'PORT=... for tools/dist_train.sh.') from error
+    return store
+
+
 _inits = 0
 
 
@@ -430,12 +451,9 @@ def init_distributed(launcher: str,
         index_cards_by_local_rank(local_rank(), visible_gpu_count())
     store = kwargs.pop('store', None)
     if store is None:
-        store, _, _ = next(
-            torch_dist.rendezvous(
-                kwargs.pop('init_method', None) or 'env://',
-                rank,
-                world_size,
-                timeout=kwargs['timeout']))
+        store = _rendezvous_store(
+            kwargs.pop('init_method', None) or 'env://', rank, world_size,
+            kwargs['timeout'])
     store.set_timeout(kwargs['timeout'])
     without_gpu = sharing = 0
     if backend in (None, 'nccl'):  # the config says the same on every rank

@@ -1,10 +1,16 @@
-"""The Slurm rendezvous from Slurm's own variables (no scontrol), and which
-launcher started a process. The real Slurm runs are in
+"""The Slurm rendezvous from Slurm's own variables (scontrol only for a
+first node whose name does not resolve), and which launcher started a
+process. The real Slurm runs are in
 tests/test_tools/test_slurm_train.py."""
+import os
+import socket
+
 import pytest
 
 from mmddp_ext.launch.environments import (expand_hostlist,
-                                           expand_tasks_per_node, launched_by,
+                                           expand_tasks_per_node,
+                                           export_slurm_rendezvous,
+                                           launched_by, node_address,
                                            slurm_port, slurm_rendezvous,
                                            without_outer_launcher)
 
@@ -102,3 +108,51 @@ def test_launcher_slurm_outside_a_step_is_refused(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(ValueError, match="launcher='slurm' needs a task"):
         check_launch_environment('slurm')
+
+
+# A name that never resolves (RFC 2606), as a node named only in
+# slurm.conf, with NodeAddr giving its address.
+UNRESOLVED = 'mmddp-node-7.invalid'
+
+
+def _scontrol(tmp_path, monkeypatch, script):
+    """A stub ``scontrol`` first on PATH."""
+    stub = tmp_path / 'scontrol'
+    stub.write_text('#!/bin/sh\n' + script)
+    stub.chmod(0o755)
+    monkeypatch.setenv('PATH', f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_a_first_node_without_dns_is_reached_at_its_node_addr(
+        tmp_path, monkeypatch):
+    """slurm.conf's NodeAddr, where the node's name does not resolve; the
+    control: that name is what the ranks would otherwise connect to, and
+    it does not resolve."""
+    _scontrol(
+        tmp_path, monkeypatch, 'echo "NodeName=$4 Arch=x86_64 CPUs=8 '
+        'NodeAddr=10.1.2.3 NodeHostName=$4 Version=22.05"\n')
+    for key, value in TASK.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv('SLURM_STEP_NODELIST', 'mmddp-node-[7-8].invalid')
+    monkeypatch.delenv('MASTER_ADDR', raising=False)
+    monkeypatch.delenv('MASTER_PORT', raising=False)
+    assert slurm_rendezvous()['MASTER_ADDR'] == UNRESOLVED
+    with pytest.raises(socket.gaierror):
+        socket.getaddrinfo(UNRESOLVED, None)
+    assert export_slurm_rendezvous()['MASTER_ADDR'] == '10.1.2.3'
+
+
+def test_a_name_that_resolves_is_kept(tmp_path, monkeypatch):
+    _scontrol(tmp_path, monkeypatch, 'exit 1\n')  # not asked
+    assert node_address('localhost') == 'localhost'
+
+
+def test_no_address_for_the_first_node_is_refused_with_the_fix(
+        tmp_path, monkeypatch):
+    _scontrol(tmp_path, monkeypatch,
+              'echo "slurm_load_node error: Invalid node name" >&2\nexit 1\n')
+    with pytest.raises(ValueError,
+                       match=f"'{UNRESOLVED}'.*does not resolve.*"
+                       'printed no NodeAddr.*Invalid node name.*'
+                       'Set MASTER_ADDR'):
+        node_address(UNRESOLVED)

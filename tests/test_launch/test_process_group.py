@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -61,6 +63,27 @@ def test_missing_torchrun_env_is_refused(monkeypatch):
         monkeypatch.delenv(key, raising=False)
     with pytest.raises(ValueError, match='MASTER_ADDR.*dist_train.sh'):
         dist_env.init_distributed('pytorch')
+
+
+def test_a_port_another_process_holds_is_named_with_the_fix(monkeypatch):
+    """The control: torch's own error names the port but not what to do
+    about it."""
+    with socket.socket() as holder:
+        holder.bind(('127.0.0.1', 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        monkeypatch.setenv('RANK', '0')
+        monkeypatch.setenv('WORLD_SIZE', '1')
+        monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+        monkeypatch.setenv('MASTER_PORT', str(port))
+        with pytest.raises(RuntimeError,
+                           match=f'port {port} of 127.0.0.1: another '
+                           'process .* holds it. Choose another port: '
+                           'env_cfg.dist_cfg.port') as raised:
+            dist_env.init_distributed('pytorch', timeout=10)
+    cause = str(raised.value.__cause__)
+    assert 'EADDRINUSE' in cause and 'dist_cfg' not in cause
+    assert not dist.is_initialized()
 
 
 def _init_and_all_reduce():
