@@ -239,11 +239,11 @@ class ExtRunner(Runner):
         """Differs from ``Runner.save_checkpoint``: ``meta`` also holds
         the position an exact resume continues from
         (:func:`~.exact_resume.position_meta`), and a local file is written
-        under a temporary name, flushed to the disk and renamed once whole,
-        so a process killed during the save never leaves a truncated
-        checkpoint under the name ``last_checkpoint`` points to (and a
-        resume passes over one that another cause cut short:
-        :meth:`load_or_resume`)."""
+        under a temporary name and renamed once whole, so a process killed
+        during the save never leaves a truncated checkpoint under the name
+        ``last_checkpoint`` points to (and a resume passes over one that
+        another cause cut short, such as a node lost before the file's
+        data reached the disk: :meth:`load_or_resume`)."""
         given = inspect.signature(Runner.save_checkpoint).bind(
             self, out_dir, filename, *args, **kwargs)
         given.apply_defaults()
@@ -264,16 +264,9 @@ class ExtRunner(Runner):
             arguments['filename'] = f'.{filename}.partial'
         super().save_checkpoint(*given.args[1:], **given.kwargs)
         if local and self.rank == 0:
-            partial = osp.join(out_dir, arguments['filename'])
-            # The data on the disk before the name: a rename that reaches
-            # the disk first would name a file cut short after a node's
-            # crash (a fresh name is not covered by ext4's auto_da_alloc).
-            descriptor = os.open(partial, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
-            os.replace(partial, osp.join(out_dir, filename))
+            os.replace(
+                osp.join(out_dir, arguments['filename']),
+                osp.join(out_dir, filename))
 
     def build_optim_wrapper(self, optim_wrapper):
         """Differs from ``Runner.build_optim_wrapper`` for an
