@@ -27,6 +27,7 @@ from ..utils.class_count_check import check_class_counts
 from ..utils.precision import resolve_precision
 from ..utils.run_record import read_record, write_record
 from ..utils.text import log_on_every_rank
+from ..utils.torch_private import stop_loader_workers
 from ..wrappers.auto_ddp import (DECISION_INFO_KEY, AutoDDP,
                                  UnexpectedUnusedParameterError)
 from ..wrappers.auto_ddp_restart import (forget_need, keep_need_for_restart,
@@ -239,9 +240,10 @@ class ExtRunner(Runner):
         """Differs from ``Runner.save_checkpoint``: ``meta`` also holds
         the position an exact resume continues from
         (:func:`~.exact_resume.position_meta`), and a local file is written
-        under a temporary name and renamed once whole, so a process killed
-        during the save never leaves a truncated checkpoint under the name
-        ``last_checkpoint`` points to (and a resume passes over one that
+        under a temporary name and renamed once whole (removed when the
+        save fails), so a process killed during the save never leaves a
+        truncated checkpoint under the name ``last_checkpoint`` points to
+        (and a resume passes over one that
         another cause cut short, such as a node lost before the file's
         data reached the disk: :meth:`load_or_resume`)."""
         given = inspect.signature(Runner.save_checkpoint).bind(
@@ -262,11 +264,17 @@ class ExtRunner(Runner):
             and arguments['backend_args'] is None)
         if local:
             arguments['filename'] = f'.{filename}.partial'
-        super().save_checkpoint(*given.args[1:], **given.kwargs)
+        partial = osp.join(out_dir, arguments['filename'])
+        try:
+            super().save_checkpoint(*given.args[1:], **given.kwargs)
+        except BaseException:
+            # A save that failed (a full disk) frees what it wrote, so that
+            # the resumed run has the room to save again.
+            if local and self.rank == 0 and osp.exists(partial):
+                os.remove(partial)
+            raise
         if local and self.rank == 0:
-            os.replace(
-                osp.join(out_dir, arguments['filename']),
-                osp.join(out_dir, filename))
+            os.replace(partial, osp.join(out_dir, filename))
 
     def build_optim_wrapper(self, optim_wrapper):
         """Differs from ``Runner.build_optim_wrapper`` for an
@@ -458,6 +466,23 @@ class ExtRunner(Runner):
                 '(different loss keys, a skipped branch, an extra '
                 'collective); see that rank\'s log. The timeout is '
                 'env_cfg.dist_cfg.timeout (seconds).') from error
+        finally:
+            self._stop_loader_workers()
+
+    def _stop_loader_workers(self) -> None:
+        """Stop the dataloader workers training leaves running (persistent
+        workers, an iteration loop's pass), as training ends or fails:
+        left to the garbage collector with the runner, each costs a 5 s
+        stall in whatever the process runs next
+        (:func:`~mmddp_ext.utils.torch_private.stop_loader_workers`). A
+        later ``val``/``test`` starts its workers afresh."""
+        for loop in (self._train_loop, self._val_loop):
+            if loop is None or isinstance(loop, dict):
+                continue
+            stop_loader_workers(loop.dataloader)
+            endless = getattr(loop, 'dataloader_iterator', None)
+            if stop_loader_workers(getattr(endless, '_iterator', None)):
+                endless._iterator = None
 
     def val(self) -> dict:
         metrics = super().val()

@@ -8,6 +8,7 @@ from mmengine.registry import LOOPS
 from mmengine.runner import EpochBasedTrainLoop
 
 from ..datasets.resumable_batch_sampler import ResumableBatchSampler
+from ..utils.torch_private import stop_loader_workers
 from .exact_resume import reseed_step
 
 
@@ -67,8 +68,15 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
         self.dataloader.batch_sampler.skip_in_next_pass(skip)
         self.runner.call_hook('before_train_epoch')
         self.runner.model.train()
-        for idx, data_batch in enumerate(self.dataloader, start=skip):
-            self.run_iter(idx, data_batch)
+        batches = iter(self.dataloader)
+        try:
+            for idx, data_batch in enumerate(batches, start=skip):
+                self.run_iter(idx, data_batch)
+        except BaseException:
+            # Not left to the garbage collector with the traceback
+            # (torch_private.stop_loader_workers says why).
+            stop_loader_workers(batches)
+            raise
         self.runner.call_hook('after_train_epoch')
         self._epoch += 1
 

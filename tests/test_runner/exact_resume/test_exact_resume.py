@@ -15,6 +15,7 @@ resume) the resumed run trains the start of the epoch again; with each
 part of exact resume removed alone, the resumed run differs where that
 part acts.
 """
+import json
 import os.path as osp
 import signal
 
@@ -262,9 +263,11 @@ def test_a_damaged_latest_checkpoint_gives_way_to_the_one_before(
     _assert_same(_train(_cfg(tmp_path / 'whole')), resumed)
     trained = read_trained(work_dir, 0)
     assert len(trained) == 9 + 2 * ITERS_PER_EPOCH  # epoch 1 again
-    logs = ''.join(p.read_text() for p in work_dir.glob('*/*.log'))
-    assert (f'iter_9.pth, the latest checkpoint, is {how}' in logs
-            and 'epoch_1.pth' in logs)
+    with open(work_dir / 'mmddp_ext_start.json') as f:
+        start = json.load(f)['start']  # what every rank logged
+    assert start['action'] == 'resume' and start['warn']
+    assert start['path'].endswith('epoch_1.pth')
+    assert f'iter_9.pth, the latest checkpoint, is {how}' in start['why']
     with pytest.raises((RuntimeError, OSError)):  # torch: Invalid argument
         resumed.resume(str(work_dir / 'iter_9.pth'))
 
@@ -315,8 +318,10 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(
         tmp_path, monkeypatch):
     """A checkpoint is renamed into place only once whole: a process that
     dies while writing leaves no file under the checkpoint's name, and
-    ``last_checkpoint`` names the previous one. The control, MMEngine's
-    ``Runner.save_checkpoint``, leaves the truncated file there."""
+    ``last_checkpoint`` names the previous one; what the failed save wrote
+    is removed (a full disk keeps the room for the next save). The
+    control, MMEngine's ``Runner.save_checkpoint``, leaves the truncated
+    file there."""
     import mmengine.runner.runner as runner_module
     from mmengine.runner import Runner
     runner = _train(_cfg(tmp_path))
@@ -332,6 +337,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoint(
     with pytest.raises(KeyboardInterrupt):
         runner.save_checkpoint(str(tmp_path), 'epoch_4.pth')
     assert written and not osp.exists(tmp_path / 'epoch_4.pth')
+    assert not osp.exists(written[0])  # the part written is freed
     with open(tmp_path / 'last_checkpoint') as f:
         assert f.read().strip().endswith('epoch_3.pth')
     with pytest.raises(KeyboardInterrupt):
