@@ -243,9 +243,9 @@ class ExtRunner(Runner):
         under a temporary name and renamed once whole (removed when the
         save fails), so a process killed during the save never leaves a
         truncated checkpoint under the name ``last_checkpoint`` points to
-        (and a resume passes over one that
-        another cause cut short, such as a node lost before the file's
-        data reached the disk: :meth:`load_or_resume`)."""
+        (and a resume passes over one that another cause cut short, such
+        as a node lost before the file's data reached the disk:
+        :meth:`load_or_resume`)."""
         given = inspect.signature(Runner.save_checkpoint).bind(
             self, out_dir, filename, *args, **kwargs)
         given.apply_defaults()
@@ -479,7 +479,7 @@ class ExtRunner(Runner):
         for loop in (self._train_loop, self._val_loop):
             if loop is None or isinstance(loop, dict):
                 continue
-            stop_loader_workers(loop.dataloader)
+            stop_loader_workers(getattr(loop, 'dataloader', None))
             endless = getattr(loop, 'dataloader_iterator', None)
             if stop_loader_workers(getattr(endless, '_iterator', None)):
                 endless._iterator = None
