@@ -241,7 +241,7 @@ def check_rank_device(device: str) -> None:
                          'available on this machine; unset it or use cpu.')
 
 
-def _use_rank_device(device: str, rank: int, world_size: int) -> None:
+def _use_rank_device(device: str, rank: int) -> None:
     """Make ``device`` this rank's default for new tensors and modules:
     ``'cpu'`` (nothing to do) or ``'cuda'`` (GPU ``rank % count``, shared
     round robin; the gloo group then carries CUDA tensors)."""
@@ -361,7 +361,7 @@ def _rank_main(fn: Callable, rank: int, world_size: int, port: int,
         torch.set_num_threads(int(threads))
     result_path = osp.join(log_dir, f'rank{rank}.result')
     try:
-        _use_rank_device(env.get(RANK_DEVICE_ENV, 'cpu'), rank, world_size)
+        _use_rank_device(env.get(RANK_DEVICE_ENV, 'cpu'), rank)
         if init_group:
             import torch.distributed as dist
             dist.init_process_group(

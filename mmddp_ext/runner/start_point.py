@@ -82,7 +82,8 @@ def checkpoint_stamp(path: Optional[str]) -> Optional[Stamp]:
 
 def checkpoint_damage(path: str) -> Optional[str]:
     """What is wrong with the local checkpoint file ``path`` (None: nothing
-    this can see), read from its size and its last bytes only.
+    this can see), read from its size, its first bytes and its last ones
+    only.
 
     ``torch.save`` writes a zip archive, whose directory is at its end: a
     file cut short (a node lost between the rename and the data reaching
